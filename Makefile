@@ -1,0 +1,54 @@
+# The two commands of the quick start: `make demo` and `make test`.
+# Both create .venv and install deskpod into it first (once; again when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The dev/CI install pins these two (they lie on local disk on our build machines); pyproject.toml declares ranges.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+FMNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: demo test lint typecheck unit data install bench clean
+
+demo: install data
+	$(BIN)/deskpod train
+
+test: install data lint typecheck unit
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+	$(BIN)/python -m pip install -q $(TORCH_PINS) 2>&1 | grep -v '^WARNING: Location' || true
+	$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(BIN)/python -c "import torch, torchvision, deskpod"
+	touch $@
+
+# Fashion-MNIST comes from Debian's dataset-fashion-mnist package. Without apt-get (or root),
+# `deskpod train` itself explains how to get it.
+data:
+	@if [ ! -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	    echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)"; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null \
+	      || echo "could not install dataset-fashion-mnist; deskpod will say how to get it"; \
+	  else echo "no apt-get: see README for how to get Fashion-MNIST"; fi; \
+	fi
+
+lint: install
+	$(BIN)/ruff check deskpod tests benchmarks
+	$(BIN)/ruff format --check deskpod tests benchmarks
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: install data
+	$(BIN)/deskpod bench train
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,3 @@
+from deskpod.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""The ``deskpod`` command: thin functions over the library.
+
+Each subcommand lives in its own module here and exposes ``register(subparsers)``; the handler it
+sets parses nothing itself beyond argparse, builds a config, calls one library function and prints.
+Errors are caught once, below: a `DeskpodError` becomes one line on stderr and exit code 2 (bad
+input) or 1 (failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from deskpod import __version__
+from deskpod.errors import DeskpodError, WorkerError
+
+# Modules that add subcommands, in the order `deskpod --help` lists them.
+COMMAND_MODULES = (
+    "deskpod.cli.train",
+    "deskpod.cli.bench",
+    "deskpod.cli.devices",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deskpod",
+        description="Every accelerator of this box for deep learning, with nothing to set up.",
+    )
+    parser.add_argument("--version", action="version", version=f"deskpod {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except DeskpodError as e:
+        print(f"deskpod: {e}", file=sys.stderr)
+        if isinstance(e, WorkerError) and e.root_cause:
+            print("root cause (the first worker to fail):", file=sys.stderr)
+            print(e.root_cause.rstrip(), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("deskpod: interrupted", file=sys.stderr)
+        return 130

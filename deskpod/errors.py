@@ -1,0 +1,70 @@
+"""Every error deskpod raises on purpose.
+
+The tree::
+
+    DeskpodError                 anything deskpod reports to a user as one line
+    ├── UsageError               bad input: a value, flag, file or request that is not valid (CLI exit 2, HTTP 4xx)
+    │   ├── ConfigError          an unknown key or a bad value in a config (TOML, flags, JSON body)
+    │   ├── DeviceError          a device request this box cannot meet (more devices than exist, a bad index)
+    │   └── DataError            a dataset that is missing, unreadable or too corrupt to train on
+    └── RunError                 a failure while doing valid work (CLI exit 1, HTTP 5xx)
+        ├── CheckpointError      a checkpoint that is missing, corrupt, or from another model
+        └── WorkerError          a worker process failed and retries are exhausted; carries the root cause
+
+The CLI catches `DeskpodError` once, at the top, and prints ``deskpod: <message>`` on stderr.
+"""
+
+from __future__ import annotations
+
+
+class DeskpodError(Exception):
+    """Base of every error deskpod reports to a user as one line."""
+
+    exit_code = 1
+
+
+class UsageError(DeskpodError):
+    """Bad input: the message names the bad value and what is valid."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """An unknown key or a bad value in a configuration."""
+
+
+class DeviceError(UsageError):
+    """A device request that this machine cannot meet."""
+
+
+class DataError(UsageError):
+    """A dataset that is missing, unreadable, or has too many corrupt samples."""
+
+
+class RunError(DeskpodError):
+    """A failure while doing valid work."""
+
+    exit_code = 1
+
+
+class CheckpointError(RunError):
+    """A checkpoint that is missing, corrupt, or belongs to another model.
+
+    Asking to resume from nothing is bad input (exit 2); a damaged file is a failure (exit 1).
+    """
+
+    def __init__(self, message: str, *, usage: bool = False) -> None:
+        super().__init__(message)
+        if usage:
+            self.exit_code = 2
+
+
+class WorkerError(RunError):
+    """A training worker failed and the launcher ran out of restarts.
+
+    ``root_cause`` holds the failing worker's traceback (or the signal that killed it).
+    """
+
+    def __init__(self, message: str, root_cause: str = "") -> None:
+        super().__init__(message)
+        self.root_cause = root_cause

@@ -1,0 +1,1 @@
+"""The machine: devices, links, topology, the catalog of reference machines, placement."""
