@@ -6,10 +6,15 @@ The tree::
     ├── UsageError               bad input: a value, flag, file or request that is not valid (CLI exit 2, HTTP 4xx)
     │   ├── ConfigError          an unknown key or a bad value in a config (TOML, flags, JSON body)
     │   ├── DeviceError          a device request this box cannot meet (more devices than exist, a bad index)
-    │   └── DataError            a dataset that is missing, unreadable or too corrupt to train on
+    │   ├── DataError            a dataset that is missing, unreadable or too corrupt to train on
+    │   ├── AuthError            a missing or unknown pod-service token (HTTP 401)
+    │   ├── AccessError          a valid token without the right to do this, e.g. not admin (HTTP 403)
+    │   ├── NotFoundError        no such job or user, or one that belongs to another user (HTTP 404)
+    │   └── TooLargeError        a request body over the pod service's limit (HTTP 413)
     └── RunError                 a failure while doing valid work (CLI exit 1, HTTP 5xx)
         ├── CheckpointError      a checkpoint that is missing, corrupt, or from another model
-        └── WorkerError          a worker process failed and retries are exhausted; carries the root cause
+        ├── WorkerError          a worker process failed and retries are exhausted; carries the root cause
+        └── ServiceError         the pod service is unreachable or failed (HTTP 5xx)
 
 The CLI catches `DeskpodError` once, at the top, and prints ``deskpod: <message>`` on stderr.
 """
@@ -68,3 +73,23 @@ class WorkerError(RunError):
     def __init__(self, message: str, root_cause: str = "") -> None:
         super().__init__(message)
         self.root_cause = root_cause
+
+
+class AuthError(UsageError):
+    """A request to the pod service without a valid token (HTTP 401)."""
+
+
+class AccessError(UsageError):
+    """A valid token that lacks the right to do this, e.g. a non-admin creating users (HTTP 403)."""
+
+
+class NotFoundError(UsageError):
+    """No such job or user; also what another user's job looks like to a non-admin (HTTP 404)."""
+
+
+class TooLargeError(UsageError):
+    """A request body over the pod service's size limit (HTTP 413)."""
+
+
+class ServiceError(RunError):
+    """The pod service could not be reached, or failed while doing valid work (HTTP 5xx)."""
