@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from deskpod.errors import ConfigError
+
 
 @dataclass(frozen=True, slots=True)
 class Environment:
@@ -18,6 +20,14 @@ class Environment:
     """``CUDA_VISIBLE_DEVICES`` split on commas; None when unset (every GPU is visible)."""
     cpu_count: int
     """Cores this process may run on (its CPU affinity), not the machine's total."""
+    fashion_mnist_dir: Path
+    """``DESKPOD_FASHION_MNIST``: folder of the Fashion-MNIST IDX files (default: where Debian's package puts them)."""
+    cpu_slots: tuple[int, ...] | None = None
+    """``DESKPOD_CPU_SLOTS``: the CPU worker slots the pod service gave this job (comma list); None when unset."""
+    pod_url: str | None = None
+    """``DESKPOD_URL``: where the pod service listens (default: what ``<home>/daemon.json`` says)."""
+    token_file: Path | None = None
+    """``DESKPOD_TOKEN_FILE``: the CLI's pod-service token (default ``<home>/token``; mode 0600)."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> Environment:
@@ -32,4 +42,18 @@ class Environment:
             home=Path(env.get("DESKPOD_HOME", str(Path.home() / ".deskpod"))).expanduser(),
             cuda_visible_devices=visible,
             cpu_count=max(1, cores),
+            cpu_slots=_cpu_slots(env.get("DESKPOD_CPU_SLOTS")),
+            pod_url=env.get("DESKPOD_URL") or None,
+            token_file=Path(env["DESKPOD_TOKEN_FILE"]).expanduser() if env.get("DESKPOD_TOKEN_FILE") else None,
+            fashion_mnist_dir=Path(env.get("DESKPOD_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")),
         )
+
+
+def _cpu_slots(text: str | None) -> tuple[int, ...] | None:
+    """Parse ``DESKPOD_CPU_SLOTS`` (``0,2,3``); the pod service writes it, a bad value is named, not ignored."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        raise ConfigError(f"DESKPOD_CPU_SLOTS={text!r}: expected slot indices like 0,2,3")
+    return tuple(int(p) for p in parts)

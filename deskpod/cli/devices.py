@@ -17,11 +17,27 @@ def run(args: argparse.Namespace) -> int:
 
     inv = discover()
     if args.json:
-        print(json.dumps({
-            "kind": inv.kind, "source": inv.source, "cores": inv.cores,
-            "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "memory_bytes": d.memory_bytes,
-                         "uuid": d.uuid, "threads": d.threads} for d in inv.devices],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "kind": inv.kind,
+                    "source": inv.source,
+                    "cores": inv.cores,
+                    "devices": [
+                        {
+                            "index": d.index,
+                            "kind": d.kind,
+                            "name": d.name,
+                            "memory_bytes": d.memory_bytes,
+                            "uuid": d.uuid,
+                            "threads": d.threads,
+                        }
+                        for d in inv.devices
+                    ],
+                },
+                indent=2,
+            )
+        )
         return 0
     what = "GPUs" if inv.kind == "cuda" else f"CPU worker slots on {inv.cores} cores (no GPU found)"
     print(f"{len(inv.devices)} {what}, from {inv.source}:")

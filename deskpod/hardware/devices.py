@@ -133,9 +133,7 @@ def discover_gpus(query: GpuQuery | None, env: Environment) -> tuple[Device, ...
         n = query.count()
         uuids = [query.uuid(i) for i in range(n)]
         physical = _visible(n, uuids, env.cuda_visible_devices)
-        return tuple(
-            Device("cuda", k, query.name(p), query.memory_bytes(p), uuids[p]) for k, p in enumerate(physical)
-        )
+        return tuple(Device("cuda", k, query.name(p), query.memory_bytes(p), uuids[p]) for k, p in enumerate(physical))
     import torch
 
     if not torch.cuda.is_available():
@@ -186,13 +184,17 @@ def parse_device_spec(spec: str | int | Sequence[int], available: int, kind: str
         if "," not in text and text.isdigit():
             n = int(text)
             if n < 1:
-                raise DeviceError(f"--devices {spec!r}: asks for no device; use 'all', a count from 1 to {available}, or indices like 0,1")
+                raise DeviceError(
+                    f"--devices {spec!r}: asks for no device; use 'all', a count from 1 to {available}, or indices like 0,1"
+                )
             if n > available:
                 raise DeviceError(f"--devices {spec!r}: asks for {n} devices but {have} (indices 0-{available - 1})")
             return list(range(n))
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if not parts or not all(p.isdigit() for p in parts):
-            raise DeviceError(f"--devices {spec!r}: not a device list; use 'all', a count like 2, or indices like 0,2,3")
+            raise DeviceError(
+                f"--devices {spec!r}: not a device list; use 'all', a count like 2, or indices like 0,2,3"
+            )
         indices = [int(p) for p in parts]
     else:
         indices = [int(i) for i in spec]

@@ -1,0 +1,75 @@
+"""``deskpod train``: data-parallel training on every local accelerator with one command."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+EPILOG = """examples:
+  deskpod train                                   Fashion-MNIST, small convnet, every device
+  deskpod train --model resnet50 --data synthetic:3x224x224 --steps 100 --precision bf16
+  deskpod train --data imagefolder:~/photos --model resnet18 --epochs 10
+  deskpod train --resume --name my-run            continue a run from its latest checkpoint
+  deskpod train --config run.toml --devices 0,1   any config key can be set in the TOML file
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "train",
+        help="train a network data-parallel on every local accelerator",
+        description="Train a network data-parallel on every GPU of this box (NCCL), or on CPU workers (Gloo).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE.toml", help="a TOML file of config keys (flags override it)")
+    p.add_argument("--model", help="convnet, mlp, alexnet, resnet18, resnet50, or package.module:factory")
+    p.add_argument("--data", help="fashion-mnist, synthetic[:CxHxW], or imagefolder:PATH")
+    p.add_argument("--devices", help="all (default), a count N, or indices like 0,2,3")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
+    length.add_argument("--steps", type=int, help="optimizer steps instead of epochs")
+    p.add_argument("--batch-size", type=int, metavar="PER_DEVICE", help="samples per device per step (default 128)")
+    p.add_argument("--precision", help="auto (default), fp32, bf16 or fp16")
+    p.add_argument("--compile", action="store_const", const=True, help="compile the model with torch.compile")
+    p.add_argument("--resume", action="store_true", help="continue the named (or latest) run from its last checkpoint")
+    p.add_argument("--out", metavar="DIR", help="folder of run folders (default runs)")
+    p.add_argument("--name", help="run name (default <model>-<data>-<date>-<time>)")
+    p.add_argument("--seed", type=int, help="random seed (default 0)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: linear scaling rule)")
+    p.add_argument("--optimizer", help="sgd (default) or adamw")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--quiet", action="store_true", help="print only errors and the final summary")
+    out.add_argument("--json", action="store_true", help="print JSON lines (one event each) for scripts")
+    p.set_defaults(func=run)
+
+
+FLAG_KEYS = ("model", "data", "devices", "epochs", "steps", "batch_size", "precision", "compile", "out", "name", "seed",
+             "lr", "optimizer")  # fmt: skip
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in FLAG_KEYS if getattr(args, k, None) is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    from deskpod.train.launcher import format_summary, launch, prepare
+    from deskpod.train.progress import pick_mode
+
+    plan = prepare(args.config, overrides_from(args), resume=args.resume)
+    mode = pick_mode(args.quiet, args.json)
+    summary = launch(plan, mode)
+    if args.quiet:
+        print(format_summary(summary))
+    if summary["state"] == "stopped":
+        return 128 + _signum(summary.get("signal"))
+    return 0
+
+
+def _signum(name: object) -> int:
+    import signal
+
+    try:
+        return int(signal.Signals[str(name)])
+    except KeyError:
+        return int(signal.SIGTERM)

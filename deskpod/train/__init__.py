@@ -1,0 +1,1 @@
+"""The trainer: launcher, DDP loop, data, models, checkpoints, metrics, progress."""

@@ -1,0 +1,149 @@
+"""Checkpoints: written atomically, kept K at a time, checked when loaded.
+
+A checkpoint is one file ``checkpoints/step-00001234.pt`` holding the model, optimizer, LR
+schedule and gradient-scaler states, the position in the data (epoch and micro-step), every rank's
+RNG states, and what it was trained on. It is written to a temporary file in the same folder,
+flushed and fsync'ed, then renamed over its final name and the folder fsync'ed: a crash at any
+instant leaves either the new file or none, and the previous checkpoints stay loadable.
+
+Loading uses ``torch.load(weights_only=True)``: a checkpoint can hold only tensors and plain data,
+never code to run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deskpod.errors import CheckpointError
+
+FORMAT = 1
+_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def path_for(run_dir: Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint files of a run, oldest first (by step)."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return bool(list_checkpoints(run_dir))
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(state: dict[str, Any], path: Path, *, before_rename: Callable[[], None] | None = None) -> None:
+    """Write ``state`` to ``path`` so that a crash leaves the old file (or none), never a torn one.
+
+    ``before_rename`` is a test seam: it runs after the data is durable but before the rename.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def prune(run_dir: Path, keep: int) -> None:
+    """Delete all but the ``keep`` latest checkpoints, and temporary files a crash left behind."""
+    for p in list_checkpoints(run_dir)[:-keep]:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+    d = checkpoint_dir(run_dir)
+    if d.is_dir():
+        for p in d.glob(".step-*.tmp-*"):
+            pid = p.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Load one checkpoint, or raise `CheckpointError` saying why it is unusable."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a torn or foreign file fails in many ways (zip, pickle, EOF)
+        raise CheckpointError(f"checkpoint {path} is corrupt and was not loaded: {type(e).__name__}: {e}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or "model" not in state:
+        raise CheckpointError(f"checkpoint {path} is not a deskpod checkpoint (format {FORMAT}); it was not loaded")
+    return state
+
+
+def load_latest(run_dir: Path, warn: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """The newest loadable checkpoint of a run; corrupt ones are reported and skipped."""
+    warn = warn or (lambda msg: print(f"deskpod: {msg}", file=sys.stderr))
+    candidates = list_checkpoints(run_dir)
+    if not candidates:
+        raise CheckpointError(
+            f"--resume: no checkpoint in {checkpoint_dir(run_dir)}; train without --resume first", usage=True
+        )
+    errors = []
+    for p in reversed(candidates):
+        try:
+            return p, load(p)
+        except CheckpointError as e:
+            errors.append(str(e))
+            warn(f"{e}; trying an older one")
+    raise CheckpointError(f"no loadable checkpoint in {checkpoint_dir(run_dir)}: {'; '.join(errors)}")
+
+
+def check_compatible(state: dict[str, Any], model_name: str, model: torch.nn.Module, path: Path) -> None:
+    """Refuse a checkpoint of another model (by name, then by parameter names and shapes)."""
+    saved = state.get("model_name")
+    if saved != model_name:
+        raise CheckpointError(
+            f"checkpoint {path} is from model {saved!r}, not {model_name!r}; it was not loaded", usage=True
+        )
+    mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in state["model"].items()}
+    if mine != theirs:
+        diff = sorted(set(mine.items()) ^ set(theirs.items()))[:3]
+        raise CheckpointError(
+            f"checkpoint {path} does not fit model {model_name!r} (differs in {', '.join(f'{k} {s}' for k, s in diff)}); "
+            "it was not loaded",
+            usage=True,
+        )

@@ -1,0 +1,326 @@
+"""``deskpod train``: one worker per device through PyTorch's elastic agent, and the run around it.
+
+What the launcher does, in order:
+
+1. finds the devices (`deskpod.hardware.devices`) and picks those ``--devices`` names;
+2. checks everything it can before any worker starts — the dataset exists, the model builds and
+   accepts the data, the batch divides, ``--resume`` has a compatible checkpoint — so bad input is
+   one line and exit code 2, never a worker traceback;
+3. writes the run folder (resolved ``config.toml``, ``launch.json``);
+4. starts the workers with ``torch.distributed.launcher.api.elastic_launch``: a c10d rendezvous on
+   127.0.0.1 port 0 (the OS picks a free port, so two trainings on one box never collide on 29500),
+   NCCL on GPUs and Gloo on CPUs, and ``max_restarts``: when a worker dies, the agent stops the
+   others and starts them all again; they resume from the latest checkpoint;
+5. when restarts run out, raises `WorkerError` with the first failing worker's traceback; on SIGTERM
+   or SIGINT the workers checkpoint and exit, and the launcher reports where to resume;
+6. writes ``summary.json`` and the plots, and returns the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from deskpod.environment import Environment
+from deskpod.errors import CheckpointError, ConfigError, DataError, DeskpodError, UsageError, WorkerError
+from deskpod.hardware.devices import Device, Inventory, cpu_slots, discover
+from deskpod.train import checkpoint as ckpt
+from deskpod.train.config import TrainConfig, build_config, write_config
+from deskpod.train.data import DataRequest, DataSpec, describe
+from deskpod.train.progress import Mode, Progress, format_duration
+from deskpod.train.runs import RunPaths, default_run_name, read_json
+
+SHUTDOWN_GRACE_S = 60  # SIGTERM to workers, then SIGKILL after this long (they checkpoint in between)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything resolved before workers start."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    devices: tuple[Device, ...]
+    kind: str
+    data: DataSpec
+    per_device_batch: int
+    resume: bool
+
+
+def _resolve_devices(cfg: TrainConfig, inventory: Inventory | None, env: Environment) -> tuple[str, tuple[Device, ...]]:
+    inv = inventory or discover(env)
+    if inv.kind == "cpu" and cfg.cpu_workers:
+        inv = Inventory("cpu", cpu_slots(env, cfg.cpu_workers), inv.cores, "cpu")
+    return inv.kind, inv.select(cfg.devices)
+
+
+def find_latest_run(out: Path) -> Path | None:
+    runs = [p for p in out.iterdir() if p.is_dir() and ckpt.has_checkpoint(p)] if out.is_dir() else []
+    return max(runs, key=lambda p: ckpt.list_checkpoints(p)[-1].stat().st_mtime) if runs else None
+
+
+def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
+            inventory: Inventory | None = None, env: Environment | None = None) -> Plan:  # fmt: skip
+    """Resolve the config, devices, data and run folder; raise a `UsageError` for anything invalid."""
+    env = env or Environment.read()
+    cfg = build_config(config_file, overrides)
+    out = Path(cfg.out)
+    if resume:
+        if cfg.name:
+            run_dir = out / cfg.name
+        else:
+            latest = find_latest_run(out)
+            if latest is None:
+                raise CheckpointError(
+                    f"--resume: no run with a checkpoint in {str(out)!r}; name one with --name", usage=True
+                )
+            run_dir = latest
+        if not ckpt.has_checkpoint(run_dir):
+            raise CheckpointError(
+                f"--resume: no checkpoint in {ckpt.checkpoint_dir(run_dir)}; nothing to resume", usage=True
+            )
+        # The run's own config is the base; flags given now override it (e.g. more --epochs).
+        cfg = build_config(RunPaths(run_dir).config if RunPaths(run_dir).config.exists() else config_file,
+                           {**overrides, "name": run_dir.name, "out": str(out)})  # fmt: skip
+    else:
+        name = cfg.name or default_run_name(cfg.model, cfg.data)
+        run_dir = out / name
+        if ckpt.has_checkpoint(run_dir):
+            raise ConfigError(
+                f"run {str(run_dir)!r} already exists with checkpoints; continue it with --resume --name {name}, "
+                "or choose another --name"
+            )
+        cfg = build_config(None, {**cfg.to_dict(), "name": name})
+    kind, devices = _resolve_devices(cfg, inventory, env)
+    req = DataRequest(cfg.data, cfg.num_classes, cfg.synthetic_samples, cfg.image_size, cfg.val_fraction, cfg.seed,
+                      cfg.loader_workers)  # fmt: skip
+    data = describe(req, env.fashion_mnist_dir)
+    n = len(devices)
+    if cfg.global_batch_size:
+        if cfg.global_batch_size % (n * cfg.grad_accum):
+            raise ConfigError(
+                f"global_batch_size {cfg.global_batch_size} does not divide by {n} devices × grad_accum {cfg.grad_accum}; "
+                f"use a multiple of {n * cfg.grad_accum}, e.g. {n * cfg.grad_accum * max(1, cfg.global_batch_size // (n * cfg.grad_accum))}"
+            )
+        per_device = cfg.global_batch_size // (n * cfg.grad_accum)
+    else:
+        per_device = cfg.batch_size
+    if per_device * n > data.train_size:
+        raise ConfigError(
+            f"batch size {per_device} × {n} devices = {per_device * n} samples per step, more than the "
+            f"{data.train_size} training samples of {data.name}; use a smaller --batch-size"
+        )
+    if cfg.sync_batchnorm and kind != "cuda":
+        raise ConfigError("sync_batchnorm = true needs GPUs (PyTorch's SyncBatchNorm runs only on CUDA devices)")
+    _check_model(cfg, data, run_dir if resume else None)
+    return Plan(cfg, run_dir, devices, kind, data, per_device, resume)
+
+
+def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None) -> None:
+    """Build the model once on the CPU: unknown names, shape mismatches and foreign checkpoints fail here."""
+    import torch
+
+    from deskpod.train.models import ModelSpec, build_model, check_forward
+
+    spec = ModelSpec(data.num_classes, data.in_channels, data.image_size)
+    with torch.random.fork_rng():
+        model = build_model(cfg.model, spec)
+        check_forward(model, spec, cfg.model)
+    if resume_from is not None:
+        path, state = ckpt.load_latest(resume_from)
+        ckpt.check_compatible(state, cfg.model, model, path)
+
+
+def _worker_env(plan: Plan) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if plan.kind == "cpu":
+        threads = str(plan.devices[0].threads)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, CUDA_VISIBLE_DEVICES="")
+    else:
+        visible = Environment.read().cuda_visible_devices
+        ids = [visible[d.index] if visible else str(d.index) for d in plan.devices]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    return env
+
+
+def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int) -> None:
+    paths = RunPaths(plan.run_dir)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    for stale in ("error.json", "worker-result.json"):
+        (paths.root / stale).unlink(missing_ok=True)
+    write_config(plan.cfg, paths.config)
+    launch = {
+        "kind": plan.kind,
+        "backend": "nccl" if plan.kind == "cuda" else "gloo",
+        "devices": [asdict(d) for d in plan.devices],
+        "threads": plan.devices[0].threads,
+        "per_device_batch": plan.per_device_batch,
+        "resume": plan.resume,
+        "progress": mode,
+        "collective_timeout_s": plan.cfg.collective_timeout_s,
+        "data_spec": asdict(plan.data),
+        "timing_skip_steps": timing_skip_steps,
+    }
+    paths.launch.write_text(json.dumps(launch, indent=2))
+
+
+def _quiet_torchelastic() -> None:
+    # The agent logs every rendezvous and restart at INFO/WARNING; deskpod reports what matters itself.
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int = 0) -> dict[str, Any]:
+    """Run the workers for ``plan`` and return the summary (also written to ``summary.json``).
+
+    ``timing_skip_steps`` leaves the first steps of each worker attempt out of the throughput figures
+    (``deskpod bench train`` uses it to time only after warm-up).
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    _write_run_folder(plan, mode, timing_skip_steps)
+    progress = Progress(mode)
+    what = f"{len(plan.devices)} × {plan.devices[0].name}" + (
+        f" ({plan.devices[0].threads} threads each)" if plan.kind == "cpu" else ""
+    )
+    progress.event("launch", run_dir=str(plan.run_dir), devices=[d.label for d in plan.devices],
+                   text=f"deskpod: {what} → {plan.run_dir}")  # fmt: skip
+    _quiet_torchelastic()
+    saved_env = {k: os.environ.get(k) for k in _worker_env(plan)}
+    os.environ.update(_worker_env(plan))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=len(plan.devices),
+        run_id=f"deskpod-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        rdzv_configs={"timeout": 300},
+        max_restarts=plan.cfg.max_restarts,
+        monitor_interval=0.25,
+        start_method="spawn",
+        local_addr="127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs")),
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    start = time.monotonic()
+    stopped_by = 0
+    try:
+        elastic_launch(config, sys.executable)("-m", "deskpod.train.worker", str(plan.run_dir))
+    except ChildFailedError as e:
+        _raise_bad_input(plan.run_dir)
+        rank, failure = e.get_first_failure()
+        cause = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
+        detail = failure.error_file_data.get("message", {}) if isinstance(failure.error_file_data, dict) else {}
+        trace = detail.get("extraInfo", {}).get("py_callstack") if isinstance(detail, dict) else None
+        raise WorkerError(
+            f"training failed: worker rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
+            f"{' (' + failure.signal_name() + ')' if failure.exitcode < 0 else ''} and {plan.cfg.max_restarts} "
+            f"restart{'s' if plan.cfg.max_restarts != 1 else ''} were used up; run folder {plan.run_dir}",
+            root_cause=str(trace or cause),
+        ) from None
+    except SignalException as e:
+        stopped_by = int(e.sigval)
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    _raise_bad_input(plan.run_dir)
+    wall = time.monotonic() - start
+    return _finish(plan, wall, stopped_by, progress)
+
+
+def _raise_bad_input(run_dir: Path) -> None:
+    err = run_dir / "error.json"
+    if err.exists():
+        data = read_json(err)
+        cls: type[DeskpodError] = {"DataError": DataError, "ConfigError": ConfigError}.get(
+            str(data.get("type")), UsageError
+        )
+        raise cls(str(data.get("message")))
+
+
+def _finish(plan: Plan, wall: float, stopped_by: int, progress: Progress) -> dict[str, Any]:
+    paths = RunPaths(plan.run_dir)
+    result = read_json(plan.run_dir / "worker-result.json") if (plan.run_dir / "worker-result.json").exists() else {}
+    n = len(plan.devices)
+    train_time = float(result.get("train_time_s", 0.0))
+    images_total = int(result.get("images", 0)) * n
+    throughput = images_total / train_time if train_time > 0 else 0.0
+    val = result.get("validation") or {}
+    stopped = bool(stopped_by or result.get("stopped_by_signal"))
+    signum = stopped_by or int(result.get("stopped_by_signal") or 0)
+    latest = ckpt.list_checkpoints(plan.run_dir)
+    summary: dict[str, Any] = {
+        "run": plan.cfg.name,
+        "run_dir": str(plan.run_dir),
+        "state": "stopped" if stopped else "completed",
+        "signal": signal.Signals(signum).name if signum else None,
+        "model": plan.cfg.model,
+        "data": plan.data.name,
+        "devices": [f"{d.label} {d.name}" for d in plan.devices],
+        "device_kind": plan.kind,
+        "world_size": n,
+        "precision": result.get("precision"),
+        "global_batch": result.get("global_batch"),
+        "lr": result.get("lr"),
+        "steps": result.get("step"),
+        "total_steps": result.get("total_steps"),
+        "test_accuracy": val.get("val_accuracy"),
+        "test_loss": val.get("val_loss"),
+        "throughput_images_per_s": round(throughput, 1),
+        "throughput_per_device": round(throughput / n, 1),
+        "train_time_s": round(train_time, 2),
+        "wall_time_s": round(wall, 2),
+        "data_wait_fraction": result.get("data_wait_fraction"),
+        "bad_images": result.get("bad_images", 0),
+        "restarts": result.get("restarts", 0),
+        "checkpoint": str(latest[-1]) if latest else None,
+        "data_spec": asdict(plan.data),
+    }
+    paths.summary.write_text(json.dumps(summary, indent=2))
+    if not stopped:
+        from deskpod.train.plots import write_plots
+
+        write_plots(plan.run_dir)
+    progress.event("done", **{k: v for k, v in summary.items() if k != "data_spec"}, text=format_summary(summary))
+    return summary
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    if s["state"] == "stopped":
+        return (
+            f"stopped by {s['signal'] or 'a signal'} at step {s['steps']}/{s['total_steps']}; checkpoint {s['checkpoint']}\n"
+            f"continue with: deskpod train --resume --name {s['run']} --out {Path(s['run_dir']).parent}"
+        )
+    acc = s.get("test_accuracy")
+    acc_txt = f"{100 * acc:.2f}%" if isinstance(acc, int | float) else "n/a"
+    wait = s.get("data_wait_fraction") or 0.0
+    restarts = f", {s['restarts']} restart{'s' if s['restarts'] != 1 else ''}" if s.get("restarts") else ""
+    return "\n".join([
+        f"done: test accuracy {acc_txt} (loss {s.get('test_loss')}) after {s['steps']} steps{restarts}",
+        f"throughput: {s['throughput_images_per_s']:,.0f} img/s total, {s['throughput_per_device']:,.0f} img/s per device "
+        f"({s['world_size']} × {s['device_kind']}, {s['precision']}, global batch {s['global_batch']})",
+        f"wall time {format_duration(s['wall_time_s'])} (training {format_duration(s['train_time_s'])}, "
+        f"waiting for data {100 * wait:.1f}%)",
+        f"run folder: {s['run_dir']}",
+    ])  # fmt: skip
+
+
+def train(
+    config_file: str | None, overrides: dict[str, Any], *, resume: bool = False, mode: Mode = "lines"
+) -> dict[str, Any]:
+    """Prepare and launch a training run; the library entry point behind ``deskpod train``."""
+    return launch(prepare(config_file, overrides, resume=resume), mode)
