@@ -21,6 +21,9 @@ COMMAND_MODULES = (
     "deskpod.cli.train",
     "deskpod.cli.bench",
     "deskpod.cli.devices",
+    "deskpod.cli.export",
+    "deskpod.cli.serve",
+    "deskpod.cli.pod",
 )
 
 

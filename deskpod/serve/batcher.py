@@ -1,0 +1,246 @@
+"""Dynamic batching: requests queue per model and merge into batches of up to ``max_batch_size`` rows.
+
+Two parts. `BatchQueue` decides *which* requests form the next batch and *when*; it is pure — the time comes
+in as an argument — so the delay bound is tested with an injected clock. `Batcher` drives it on the event
+loop: one worker per model instance takes a batch whenever it is idle, runs it on that instance's own thread,
+and hands every request exactly its own rows back. If a batch fails — the runtime raises, or returns a
+different number of rows than went in — every request in it gets the error. Never a silent empty answer.
+
+When does a batch go? As soon as an instance is idle and either the queue holds a full batch, the next request
+cannot join the batch (a different shape), or the oldest request has waited ``max_queue_delay``. Under load
+the queue fills while the instances compute, so batches form without any waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from deskpod.errors import RunError
+from deskpod.serve.metrics import ModelStats
+from deskpod.serve.runtimes import Runtime
+
+
+class Overloaded(RunError):
+    """The model's queue is full: answered at once with HTTP 503 instead of growing memory."""
+
+
+class RequestTimeout(RunError):
+    """The request's deadline passed before its answer was ready (HTTP 504)."""
+
+
+class ModelUnavailable(RunError):
+    """The model was unloaded while the request waited (HTTP 503)."""
+
+
+class BatchFailed(RunError):
+    """The batch holding the request failed; every request in it gets this (HTTP 500)."""
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """One queued request: its inputs (with a leading batch dimension of ``rows``) and its answer."""
+
+    inputs: dict[str, np.ndarray]
+    rows: int
+    signature: tuple[tuple[int, ...], ...]  # non-batch shape of each input: only equal ones merge
+    arrived: float
+    future: asyncio.Future[dict[str, np.ndarray]]
+    dispatched: float = 0.0
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class BatchQueue:
+    """A bounded FIFO that releases batches; pure — ``now`` is passed in."""
+
+    def __init__(self, max_batch_size: int, max_delay_s: float, max_size: int) -> None:
+        self.max_batch_size = max_batch_size  # 0: no batching, one request per execution
+        self.max_delay_s = max_delay_s
+        self.max_size = max_size
+        self.items: deque[Pending] = deque()
+
+    def put(self, p: Pending) -> None:
+        if len(self.items) >= self.max_size:
+            raise Overloaded(f"queue full ({self.max_size} requests waiting); retry later")
+        self.items.append(p)
+
+    def ready_at(self) -> float | None:
+        """When the oldest live request's delay runs out (None when nothing waits)."""
+        while self.items and self.items[0].future.done():
+            self.items.popleft()
+        return self.items[0].arrived + self.max_delay_s if self.items else None
+
+    def take(self, now: float) -> list[Pending] | None:
+        """The next batch if one should go now, else None. Requests already answered (timed out) are dropped."""
+        if self.ready_at() is None:
+            return None
+        if self.max_batch_size == 0:
+            return [self.items.popleft()]
+        head, batch, rows, used, full = self.items[0], [], 0, 0, False
+        for p in self.items:
+            if not p.future.done():
+                if p.signature != head.signature or rows + p.rows > self.max_batch_size:
+                    full = True
+                    break
+                batch.append(p)
+                rows += p.rows
+            used += 1
+        full = full or rows >= self.max_batch_size
+        if not full and now < head.arrived + self.max_delay_s:
+            return None
+        for _ in range(used):
+            self.items.popleft()
+        return batch
+
+
+def run_batch(
+    runtime: Runtime, batch: Sequence[Pending], batched: bool, stats: ModelStats
+) -> list[dict[str, np.ndarray]]:
+    """Merge, execute and split one batch (on the instance's thread). Raises if the runtime misbehaves."""
+    t0 = time.perf_counter_ns()
+    if len(batch) == 1:
+        inputs = batch[0].inputs
+    else:
+        inputs = {n: np.concatenate([p.inputs[n] for p in batch]) for n in batch[0].inputs}
+    t1 = time.perf_counter_ns()
+    outputs = runtime.run(inputs)
+    t2 = time.perf_counter_ns()
+    if not batched:
+        results = [outputs]
+    else:
+        total = sum(p.rows for p in batch)
+        for name, out in outputs.items():
+            if out.ndim == 0 or out.shape[0] != total:
+                raise BatchFailed(
+                    f"output {name!r} has {out.shape[0] if out.ndim else 0} rows for a batch of {total} rows "
+                    f"({len(batch)} requests)"
+                )
+        results, start = [], 0
+        for p in batch:
+            results.append({n: o[start : start + p.rows] for n, o in outputs.items()})
+            start += p.rows
+    t3 = time.perf_counter_ns()
+    stats.record_execution(sum(p.rows for p in batch), t1 - t0, t2 - t1, t3 - t2)
+    return results
+
+
+def _wake(w: asyncio.Future[None]) -> None:
+    if not w.done():
+        w.set_result(None)
+
+
+class Batcher:
+    """The dynamic batcher of one model version: a `BatchQueue` and one worker per instance."""
+
+    def __init__(
+        self,
+        instances: Sequence[Runtime],
+        *,
+        max_batch_size: int,
+        max_queue_delay_s: float,
+        max_queue_size: int,
+        stats: ModelStats,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.queue = BatchQueue(max_batch_size, max_queue_delay_s, max_queue_size)
+        self.instances = list(instances)
+        self.stats = stats
+        self.clock = clock
+        self._executors = [ThreadPoolExecutor(1, thread_name_prefix="deskpod-instance") for _ in instances]
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._workers: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def start(self) -> None:
+        self._workers = [asyncio.ensure_future(self._work(i)) for i in range(len(self.instances))]
+
+    def submit(self, inputs: dict[str, np.ndarray], timeout_s: float | None) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Queue one request; its future resolves to exactly its own output rows. Raises `Overloaded`."""
+        if self._closed:
+            raise ModelUnavailable("model is being unloaded")
+        loop = asyncio.get_running_loop()
+        batched = self.queue.max_batch_size > 0
+        first = next(iter(inputs.values()))
+        p = Pending(
+            inputs=inputs,
+            rows=first.shape[0] if batched else 1,
+            signature=tuple(a.shape[1:] for a in inputs.values()) if batched else (),
+            arrived=self.clock(),
+            future=loop.create_future(),
+        )
+        self.queue.put(p)
+        if timeout_s is not None:
+            p.timer = loop.call_later(timeout_s, self._expire, p, timeout_s)
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.done():
+                w.set_result(None)
+                break
+        return p.future
+
+    def _expire(self, p: Pending, timeout_s: float) -> None:
+        if not p.future.done():
+            self.stats.timeouts += 1
+            p.future.set_exception(RequestTimeout(f"request timed out after {timeout_s * 1000:.0f} ms"))
+
+    async def _wait(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        w: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(w)
+        timer = None if timeout is None else loop.call_later(timeout, _wake, w)
+        try:
+            await w
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    async def _work(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        runtime, executor = self.instances[index], self._executors[index]
+        batched = self.queue.max_batch_size > 0
+        while not self._closed:
+            batch = self.queue.take(self.clock())
+            if not batch:
+                at = self.queue.ready_at()
+                await self._wait(None if at is None else max(0.0, at - self.clock()))
+                continue
+            now = self.clock()
+            for p in batch:
+                p.dispatched = now
+                self.stats.record_queue(now - p.arrived)
+            try:
+                results = await loop.run_in_executor(executor, run_batch, runtime, batch, batched, self.stats)
+            except Exception as e:
+                err = e if isinstance(e, BatchFailed) else BatchFailed(f"batch of {len(batch)} requests failed: {e}")
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(err)
+                continue
+            for p, r in zip(batch, results, strict=True):
+                if p.timer is not None:
+                    p.timer.cancel()
+                if not p.future.done():
+                    p.future.set_result(r)
+
+    async def stop(self) -> None:
+        """Refuse new requests, fail the queued ones, let running batches finish, free the instances."""
+        self._closed = True
+        for p in self.queue.items:
+            if not p.future.done():
+                p.future.set_exception(ModelUnavailable("model was unloaded before the request ran"))
+        self.queue.items.clear()
+        for w in self._waiters:
+            if not w.done():
+                w.set_result(None)
+        if self._workers:
+            await asyncio.gather(*self._workers, return_exceptions=True)
+        for ex in self._executors:
+            ex.shutdown(wait=False)
+        for rt in self.instances:
+            rt.close()

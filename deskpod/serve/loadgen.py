@@ -1,0 +1,293 @@
+"""A load generator for any v2 inference server: closed loop at given concurrencies, open loop at given rates.
+
+Closed loop: C connections, each sends a request as soon as its previous answer arrives — throughput at a fixed
+number of clients in flight. Open loop: requests start on a fixed schedule (R per second) whatever the server
+does, each on an idle keep-alive connection (a new one when all are busy, up to ``max_connections``); latency is
+measured from the *scheduled* start, so a server that falls behind shows it (no coordinated omission).
+
+The client is lean on purpose — it shares the CPU with the server it measures: the request bytes are built once,
+each connection is an ``asyncio.Protocol`` that only splits responses by Content-Length, and only the first
+response is decoded and checked (outside the timed part). Every non-200 answer is counted by status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from deskpod.errors import RunError, UsageError
+from deskpod.serve.protocol import decode_response, encode_request
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoadSpec:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str
+    inputs: dict[str, np.ndarray] = field(hash=False)
+    binary: bool = True
+    duration_s: float = 5.0
+    warmup_s: float = 1.0
+    max_connections: int = 1024
+
+    def request_bytes(self) -> bytes:
+        body, hl = encode_request(self.inputs, binary=self.binary, binary_outputs=self.binary)
+        head = f"POST /v2/models/{self.model}/infer HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(body)}\r\n"
+        if hl is not None:
+            head += f"Inference-Header-Content-Length: {hl}\r\n"
+        return head.encode() + b"\r\n" + body
+
+
+@dataclass(slots=True)
+class LoadResult:
+    mode: str  # "closed" or "open"
+    level: float  # concurrency or requests/s
+    duration_s: float
+    ok: int
+    errors: dict[str, int]
+    throughput: float  # answered OK per second
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive client connection with at most one request in flight."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[tuple[int, bytes, int | None]] | None = None
+        self.need: tuple[int, int, int | None] | None = None  # status, end of body, header length
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("connection closed by the server"))
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.need is None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            lines = self.buf[:end].decode("latin-1").split("\r\n")
+            status, length, hl = int(lines[0].split(" ")[1]), 0, None
+            for line in lines[1:]:
+                k, _, v = line.partition(":")
+                k = k.strip().lower()
+                if k == "content-length":
+                    length = int(v)
+                elif k == "inference-header-content-length":
+                    hl = int(v)
+            del self.buf[: end + 4]
+            self.need = (status, length, hl)
+        status, length, hl = self.need
+        if len(self.buf) >= length:
+            body = bytes(self.buf[:length])
+            del self.buf[:length]
+            self.need = None
+            if self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result((status, body, hl))
+
+    async def request(self, data: bytes) -> tuple[int, bytes, int | None]:
+        assert self.transport is not None
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self.waiter
+
+
+async def _connect(spec: LoadSpec) -> _Conn:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(_Conn, spec.host, spec.port)
+    return conn
+
+
+def _summary(mode: str, level: float, lat: list[float], errors: Counter[str], duration: float) -> LoadResult:
+    a = np.sort(np.asarray(lat)) * 1000 if lat else np.zeros(1) * math.nan
+    return LoadResult(
+        mode=mode,
+        level=level,
+        duration_s=round(duration, 3),
+        ok=len(lat),
+        errors=dict(errors),
+        throughput=len(lat) / duration,
+        p50_ms=float(np.percentile(a, 50)),
+        p90_ms=float(np.percentile(a, 90)),
+        p99_ms=float(np.percentile(a, 99)),
+        mean_ms=float(a.mean()),
+    )
+
+
+async def check(spec: LoadSpec) -> dict[str, np.ndarray]:
+    """Send one request and decode the answer: the load is only measured against a server that answers right."""
+    conn = await _connect(spec)
+    try:
+        status, body, hl = await conn.request(spec.request_bytes())
+    finally:
+        assert conn.transport is not None
+        conn.transport.close()
+    if status != 200:
+        raise RunError(f"server answered {status} to a check request: {body[:300]!r}")
+    return decode_response(body, hl)
+
+
+async def closed_loop(spec: LoadSpec, concurrency: int) -> LoadResult:
+    if not 1 <= concurrency <= spec.max_connections:
+        raise UsageError(f"concurrency {concurrency} must be in 1..{spec.max_connections}")
+    data = spec.request_bytes()
+    conns = await asyncio.gather(*(_connect(spec) for _ in range(concurrency)))
+    loop = asyncio.get_running_loop()
+    t_start = loop.time() + spec.warmup_s
+    t_end = t_start + spec.duration_s
+    lat: list[float] = []
+    errors: Counter[str] = Counter()
+
+    async def client(c: _Conn) -> None:
+        while not c.closed:
+            t0 = loop.time()
+            if t0 >= t_end:
+                return
+            try:
+                status, _body, _ = await c.request(data)
+            except ConnectionError:
+                if t0 >= t_start:
+                    errors["connection"] += 1
+                return
+            if t0 >= t_start:
+                if status == 200:
+                    lat.append(loop.time() - t0)
+                else:
+                    errors[str(status)] += 1
+
+    await asyncio.gather(*(client(c) for c in conns))
+    for c in conns:
+        if c.transport is not None:
+            c.transport.close()
+    return _summary("closed", concurrency, lat, errors, spec.duration_s)
+
+
+async def open_loop(spec: LoadSpec, rate: float) -> LoadResult:
+    if rate <= 0:
+        raise UsageError(f"rate {rate} must be > 0 requests/s")
+    data = spec.request_bytes()
+    loop = asyncio.get_running_loop()
+    idle: list[_Conn] = []
+    opened = 0
+    lat: list[float] = []
+    errors: Counter[str] = Counter()
+    t0 = loop.time()
+    t_start, t_end = t0 + spec.warmup_s, t0 + spec.warmup_s + spec.duration_s
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(scheduled: float) -> None:
+        nonlocal opened
+        timed = scheduled >= t_start
+        if idle:
+            c = idle.pop()
+        elif opened < spec.max_connections:
+            opened += 1
+            try:
+                c = await _connect(spec)
+            except OSError:
+                errors["connect"] += int(timed)
+                return
+        else:
+            errors["client-saturated"] += int(timed)
+            return
+        try:
+            status, _, _ = await c.request(data)
+        except ConnectionError:
+            errors["connection"] += int(timed)
+            return
+        if not c.closed:
+            idle.append(c)
+        if timed:
+            if status == 200:
+                lat.append(loop.time() - scheduled)
+            else:
+                errors[str(status)] += 1
+
+    i = 0
+    while True:
+        scheduled = t0 + i / rate
+        if scheduled >= t_end:
+            break
+        delay = scheduled - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.ensure_future(one(scheduled))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        i += 1
+    if tasks:
+        await asyncio.wait(tasks, timeout=30)
+    for c in idle:
+        if c.transport is not None:
+            c.transport.close()
+    return _summary("open", rate, lat, errors, spec.duration_s)
+
+
+def run_load(spec: LoadSpec, concurrencies: list[int], rates: list[float]) -> list[LoadResult]:
+    """Check once, then each closed-loop concurrency and each open-loop rate in turn."""
+
+    async def main() -> list[LoadResult]:
+        await check(spec)
+        out = [await closed_loop(spec, c) for c in concurrencies]
+        out += [await open_loop(spec, r) for r in rates]
+        return out
+
+    return asyncio.run(main())
+
+
+def inputs_from_metadata(host: str, port: int, model: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of the model's shape (batch ``batch``, variable dims 1), from its v2 metadata."""
+    import urllib.error
+    import urllib.request
+
+    from deskpod.serve.protocol import DTYPES
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/v2/models/{model}", timeout=10) as r:
+            meta = json.loads(r.read())
+    except (urllib.error.URLError, OSError) as e:
+        raise RunError(f"cannot read the metadata of model {model!r} at {host}:{port}: {e}") from None
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for t in meta["inputs"]:
+        if t["datatype"] not in DTYPES:
+            raise UsageError(f"input {t['name']!r} is {t['datatype']}: the load generator sends numeric tensors only")
+        shape = [d if d > 0 else 1 for d in t["shape"]]
+        if shape and t["shape"][0] == -1:
+            shape[0] = batch
+        out[t["name"]] = rng.random(shape).astype(DTYPES[t["datatype"]])
+    return out
+
+
+def format_table(results: list[LoadResult]) -> str:
+    rows = [f"{'mode':<7}{'level':>8}{'req/s':>10}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'ok':>8}  errors"]
+    for r in results:
+        errs = ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "-"
+        rows.append(
+            f"{r.mode:<7}{r.level:>8g}{r.throughput:>10.1f}{r.p50_ms:>9.2f}{r.p90_ms:>9.2f}{r.p99_ms:>9.2f}{r.ok:>8}  {errs}"
+        )
+    return "\n".join(rows)
+
+
+def to_json(results: list[LoadResult]) -> str:
+    return json.dumps([r.as_dict() for r in results], indent=2)

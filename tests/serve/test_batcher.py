@@ -1,0 +1,143 @@
+"""Batcher semantics: exact rows per request, the delay bound (injected clock), failed batches fail everyone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from deskpod.serve.batcher import Batcher, BatchFailed, BatchQueue, Overloaded, Pending
+from deskpod.serve.metrics import ModelStats
+
+
+def pending(loop: asyncio.AbstractEventLoop, rows: int, arrived: float, width: int = 2) -> Pending:
+    x = np.full((rows, width), arrived, np.float32)
+    return Pending({"x": x}, rows, ((width,),), arrived, loop.create_future())
+
+
+@pytest.fixture
+def loop() -> asyncio.AbstractEventLoop:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def test_delay_bound_with_injected_clock(loop: asyncio.AbstractEventLoop) -> None:
+    q = BatchQueue(max_batch_size=8, max_delay_s=0.010, max_size=100)
+    q.put(pending(loop, 1, arrived=100.000))
+    q.put(pending(loop, 2, arrived=100.004))
+    assert q.take(now=100.005) is None  # oldest waited 5 ms of 10: hold for more
+    assert q.ready_at() == pytest.approx(100.010)
+    batch = q.take(now=100.010)  # the delay is up: everything waiting goes
+    assert batch is not None and [p.rows for p in batch] == [1, 2]
+    assert q.take(now=200.0) is None
+
+
+def test_full_batch_goes_at_once_and_never_exceeds_max(loop: asyncio.AbstractEventLoop) -> None:
+    q = BatchQueue(max_batch_size=4, max_delay_s=10.0, max_size=100)
+    for rows in (2, 1, 2, 1):
+        q.put(pending(loop, rows, arrived=0.0))
+    first = q.take(now=0.0)
+    assert first is not None and sum(p.rows for p in first) == 3  # 2+1; the next 2 would overflow 4
+    assert q.take(now=0.0) is None  # 2+1 left: not full, so it waits for the delay
+    rest = q.take(now=10.0)
+    assert rest is not None and [p.rows for p in rest] == [2, 1] and not q.items
+
+
+def test_different_shapes_do_not_merge(loop: asyncio.AbstractEventLoop) -> None:
+    q = BatchQueue(max_batch_size=8, max_delay_s=1.0, max_size=100)
+    q.put(pending(loop, 1, 0.0, width=2))
+    q.put(pending(loop, 1, 0.0, width=3))
+    batch = q.take(now=0.0)  # the head cannot grow: go now
+    assert batch is not None and len(batch) == 1
+
+
+def test_bounded_queue_refuses(loop: asyncio.AbstractEventLoop) -> None:
+    q = BatchQueue(max_batch_size=8, max_delay_s=1.0, max_size=2)
+    q.put(pending(loop, 1, 0.0))
+    q.put(pending(loop, 1, 0.0))
+    with pytest.raises(Overloaded):
+        q.put(pending(loop, 1, 0.0))
+
+
+def test_answered_requests_are_dropped(loop: asyncio.AbstractEventLoop) -> None:
+    q = BatchQueue(max_batch_size=8, max_delay_s=0.0, max_size=10)
+    a, b = pending(loop, 1, 0.0), pending(loop, 1, 0.0)
+    q.put(a)
+    q.put(b)
+    a.future.set_exception(TimeoutError())
+    a.future.exception()
+    assert q.take(now=0.0) == [b]
+
+
+class Doubler:
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.batches.append(inputs["x"].shape[0])
+        return {"y": inputs["x"] * 2}
+
+    def close(self) -> None:
+        pass
+
+
+class Broken(Doubler):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.mode == "raise":
+            raise ValueError("kernel exploded")
+        return {"y": inputs["x"][:-1]}  # one row short
+
+
+async def _burst(batcher: Batcher, sizes: list[int]) -> list[object]:
+    futs = [batcher.submit({"x": np.full((n, 2), i, np.float32)}, None) for i, n in enumerate(sizes)]
+    return await asyncio.gather(*futs, return_exceptions=True)
+
+
+def test_each_request_gets_exactly_its_rows() -> None:
+    async def main() -> None:
+        rt = Doubler()
+        b = Batcher([rt], max_batch_size=16, max_queue_delay_s=0.05, max_queue_size=64, stats=ModelStats("m", "1"))
+        b.start()
+        sizes = [1, 3, 2, 5, 1]
+        results = await _burst(b, sizes)
+        await b.stop()
+        assert rt.batches == [sum(sizes)]  # merged into one batch
+        for i, (n, r) in enumerate(zip(sizes, results, strict=True)):
+            assert isinstance(r, dict)
+            np.testing.assert_array_equal(r["y"], np.full((n, 2), 2 * i, np.float32))
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("mode", "message"), [("raise", "kernel exploded"), ("short", "has 3 rows for a batch of 4")])
+def test_a_failed_batch_fails_every_request(mode: str, message: str) -> None:
+    async def main() -> None:
+        b = Batcher(
+            [Broken(mode)], max_batch_size=8, max_queue_delay_s=0.05, max_queue_size=8, stats=ModelStats("m", "1")
+        )
+        b.start()
+        results = await _burst(b, [1, 1, 2])
+        await b.stop()
+        for r in results:
+            assert isinstance(r, BatchFailed) and message in str(r)
+
+    asyncio.run(main())
+
+
+def test_unload_fails_queued_requests() -> None:
+    async def main() -> None:
+        b = Batcher([Doubler()], max_batch_size=8, max_queue_delay_s=10.0, max_queue_size=8, stats=ModelStats("m", "1"))
+        b.start()
+        fut = b.submit({"x": np.zeros((1, 2), np.float32)}, None)
+        await asyncio.sleep(0.01)
+        await b.stop()
+        with pytest.raises(Exception, match="unloaded"):
+            await fut
+
+    asyncio.run(main())
