@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "deskpod.cli.export",
     "deskpod.cli.serve",
     "deskpod.cli.pod",
+    "deskpod.cli.topo",
+    "deskpod.cli.doctor",
 )
 
 
