@@ -1,0 +1,310 @@
+"""The pod service commands: ``up``, ``down``, ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``status``, ``user``.
+
+``deskpod up`` runs the service (in the foreground, or ``--detach``); every other command is a thin
+call through `deskpod.jobs.client`. A refused request prints the service's one-line reason and
+exits 2; an unreachable service exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("up", help="start the pod service: a shared job queue for this box")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this box only)")
+    p.add_argument("--port", type=int, default=8420, help="TCP port (default 8420; 0 picks a free one)")
+    p.add_argument("--home", type=Path, help="state folder (default $DESKPOD_HOME or ~/.deskpod)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
+    p.add_argument("--no-preemption", action="store_true", help="never stop lower-priority jobs for higher ones")
+    p.add_argument("--machine", help="schedule as if this box were a catalog machine (see `deskpod topo --list`)")
+    p.add_argument("--detach", action="store_true", help="run in the background; its output goes to HOME/daemon.log")
+    p.set_defaults(func=up)
+
+    p = sub.add_parser("down", help="stop the pod service (running jobs keep running unless --stop-jobs)")
+    p.add_argument("--stop-jobs", action="store_true", help="also stop running jobs (they are requeued)")
+    p.set_defaults(func=down)
+
+    p = sub.add_parser("submit", help="queue a job: a spec file (TOML/JSON) or -- a command")
+    p.add_argument("--devices", help="a count or 'all' (default 1)")
+    p.add_argument("--name", help="job name (letters, digits, . _ -)")
+    p.add_argument("--priority", type=int, help="higher runs first (default 0)")
+    p.add_argument("--placement", help="best | pack | partition:<name>")
+    p.add_argument("--max-runtime", type=float, help="seconds before the job is stopped and fails")
+    p.add_argument("--retries", type=int, help="re-runs after a failure (default 0)")
+    p.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable (repeatable)"
+    )
+    p.add_argument("--json", action="store_true", help="print the job as JSON")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="FILE.toml|FILE.json, or -- ARGV...")
+    p.set_defaults(func=submit)
+
+    p = sub.add_parser("jobs", help="list your jobs (every job for an admin)")
+    p.add_argument("--state", help="only jobs in this state")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=jobs)
+
+    p = sub.add_parser("show", help="one job: its spec, state, devices and history")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=show)
+
+    p = sub.add_parser("logs", help="a job's output")
+    p.add_argument("id")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    p.set_defaults(func=logs)
+
+    p = sub.add_parser("cancel", help="cancel a queued job or stop a running one")
+    p.add_argument("id")
+    p.set_defaults(func=cancel)
+
+    p = sub.add_parser("status", help="each device: free, or which job and user holds it")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=status)
+
+    p = sub.add_parser("user", help="pod service users and tokens")
+    us = p.add_subparsers(dest="user_command", metavar="ACTION")
+    us.required = True
+    q = us.add_parser("add", help="create a user and print its token (admin only)")
+    q.add_argument("name")
+    q.add_argument("--admin", action="store_true")
+    q.set_defaults(func=user_add)
+    q = us.add_parser("list", help="list users (admin only)")
+    q.set_defaults(func=user_list)
+    q = us.add_parser("token", help="make another token for a user (admin, or yourself)")
+    q.add_argument("name")
+    q.set_defaults(func=user_token)
+    q = us.add_parser("login", help="save a token (read from stdin) to your token file, mode 0600")
+    q.set_defaults(func=user_login)
+    q = us.add_parser("whoami", help="who your token says you are")
+    q.set_defaults(func=user_whoami)
+
+
+def _client() -> Any:
+    from deskpod.jobs.client import PodClient
+
+    return PodClient.from_environment()
+
+
+def up(args: argparse.Namespace) -> int:
+    from deskpod.environment import Environment
+    from deskpod.jobs.pod import PodConfig
+
+    env = Environment.read()
+    home = (args.home or env.home).expanduser().resolve()
+    config = PodConfig(
+        home=home,
+        host=args.host,
+        port=args.port,
+        preemption=not args.no_preemption,
+        grace_s=args.grace,
+        machine=args.machine,
+    )
+    if args.detach:
+        return _detach(args, home)
+    from deskpod.jobs.daemon import serve
+
+    return serve(config, env)
+
+
+def _detach(args: argparse.Namespace, home: Path) -> int:
+    import subprocess
+
+    from deskpod.errors import ServiceError
+
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    argv = [sys.executable, "-m", "deskpod", "up", "--host", args.host, "--port", str(args.port), "--home", str(home)]
+    argv += ["--grace", str(args.grace)] + (["--no-preemption"] if args.no_preemption else [])
+    argv += ["--machine", args.machine] if args.machine else []
+    info = home / "daemon.json"
+    info.unlink(missing_ok=True)
+    with open(home / "daemon.log", "ab") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServiceError(f"the pod service exited at start (code {proc.returncode}); see {home / 'daemon.log'}")
+        if info.exists():
+            print(
+                f"deskpod: pod service on {json.loads(info.read_text())['url']} (pid {proc.pid}, log {home / 'daemon.log'})"
+            )
+            return 0
+        time.sleep(0.1)
+    raise ServiceError(f"the pod service did not come up in 60 s; see {home / 'daemon.log'}")
+
+
+def down(args: argparse.Namespace) -> int:
+    from deskpod.errors import ServiceError
+
+    with _client() as c:
+        c.shutdown(stop_jobs=args.stop_jobs)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                c.health()
+            except ServiceError:
+                print("deskpod: pod service stopped")
+                return 0
+            time.sleep(0.1)
+    raise ServiceError("the pod service did not stop within 120 s")
+
+
+def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    from deskpod.errors import ConfigError
+    from deskpod.jobs.spec import load_spec_file
+
+    words = list(args.command)
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise ConfigError(
+            "submit: give a spec file (job.toml) or a command after --, e.g. deskpod submit -- python x.py"
+        )
+    is_file = len(words) == 1 and Path(words[0]).suffix.lower() in (".toml", ".json") and args.command[0] != "--"
+    spec: dict[str, Any] = load_spec_file(Path(words[0])) if is_file else {"command": words, "workdir": str(Path.cwd())}
+    for key, value in (("devices", args.devices), ("name", args.name), ("priority", args.priority),
+                       ("placement", args.placement), ("max_runtime", args.max_runtime), ("retries", args.retries)):  # fmt: skip
+        if value is not None:
+            spec[key] = value
+    for item in args.env:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--env {item!r}: expected NAME=VALUE")
+        spec.setdefault("env", {})[name] = value
+    return spec
+
+
+def submit(args: argparse.Namespace) -> int:
+    spec = _spec_from_args(args)
+    with _client() as c:
+        job = c.submit(spec)
+    if args.json:
+        print(json.dumps(job, indent=2))
+    else:
+        print(job["id"])
+    return 0
+
+
+def _age(t: float | None) -> str:
+    if t is None:
+        return "-"
+    s = max(0.0, time.time() - t)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
+def jobs(args: argparse.Namespace) -> int:
+    with _client() as c:
+        rows = c.jobs(state=args.state)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'ID':>6}  {'USER':<10} {'NAME':<20} {'STATE':<10} {'DEV':>3} {'ON':<8} {'PRIO':>4} {'AGE':>5}  REASON")
+    for j in rows:
+        on = ",".join(map(str, j["assigned"])) or "-"
+        print(f"{j['id']:>6}  {j['user']:<10.10} {j['name']:<20.20} {j['state']:<10} {j['devices']:>3} {on:<8.8}"
+              f" {j['priority']:>4} {_age(j['submitted_at']):>5}  {j['reason']}")  # fmt: skip
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    with _client() as c:
+        job = c.job(args.id)
+    if args.json:
+        print(json.dumps(job, indent=2))
+        return 0
+    for key in ("id", "name", "user", "kind", "state", "reason", "devices", "assigned", "priority", "attempt",
+                "retries", "exit_code", "pid", "port"):  # fmt: skip
+        print(f"{key:<10} {job[key]}")
+    print(f"{'spec':<10} {json.dumps(job['spec'])}")
+    print("history:")
+    for e in job["events"]:
+        stamp = time.strftime("%H:%M:%S", time.localtime(e["at"]))
+        print(f"  {stamp}  {e['from'] or '-':>9} -> {e['to']:<9}  {e['note']}")
+    return 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    from deskpod.jobs.states import FINAL
+
+    final = {s.value for s in FINAL}
+    out = sys.stdout.buffer
+    offset = 0
+    with _client() as c:
+        while True:
+            data, offset, state = c.log(args.id, offset)
+            out.write(data)
+            out.flush()
+            if not args.follow or (not data and state in final):
+                return 0
+            if not data:
+                time.sleep(0.2)
+
+
+def cancel(args: argparse.Namespace) -> int:
+    with _client() as c:
+        job = c.cancel(args.id)
+    extra = f" ({job['reason']})" if job["state"] != "cancelled" and job["reason"] else ""
+    print(f"job {job['id']}: {job['state']}{extra}")
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    with _client() as c:
+        st = c.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    for d in st["devices"]:
+        holder = "free" if d["job"] is None else f"job {d['job']} ({d['name']}) of {d['user']}"
+        print(f"{d['kind']}:{d['index']:<4} {holder}")
+    print(f"queued {st['queued']}, running {st['running']}, preemption {'on' if st['preemption'] else 'off'}")
+    return 0
+
+
+def user_add(args: argparse.Namespace) -> int:
+    with _client() as c:
+        made = c.add_user(args.name, args.admin)
+    print(made["token"])
+    print(f"deskpod: user {made['name']} created; give them this token (shown once): `deskpod user login` saves it",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def user_list(args: argparse.Namespace) -> int:
+    with _client() as c:
+        for u in c.users():
+            print(f"{u['name']}{'  (admin)' if u['admin'] else ''}")
+    return 0
+
+
+def user_token(args: argparse.Namespace) -> int:
+    with _client() as c:
+        print(c.new_token(args.name))
+    return 0
+
+
+def user_login(args: argparse.Namespace) -> int:
+    from deskpod.environment import Environment
+    from deskpod.errors import ConfigError
+    from deskpod.jobs.auth import write_token_file
+    from deskpod.jobs.client import token_path
+
+    token = sys.stdin.readline().strip()
+    if not token:
+        raise ConfigError("user login: give the token on stdin, e.g. deskpod user login < token.txt")
+    path = token_path(Environment.read())
+    write_token_file(path, token)
+    print(f"deskpod: token saved to {path} (mode 0600)")
+    return 0
+
+
+def user_whoami(args: argparse.Namespace) -> int:
+    with _client() as c:
+        me = c.whoami()
+    print(f"{me['name']}{'  (admin)' if me['admin'] else ''}")
+    return 0

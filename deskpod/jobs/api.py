@@ -1,0 +1,240 @@
+"""The pod service's HTTP API (FastAPI); its OpenAPI document is served at ``/openapi.json``.
+
+Every endpoint except ``/health`` needs ``Authorization: Bearer <token>``. Every error, whatever
+raised it (a bad spec, an unknown route, a query parameter of the wrong type, a bug), answers
+``{"error": "..."}`` with a 4xx status for bad input and 5xx for our failures. Bodies are read
+with a size cap before any parsing, and specs are validated by `deskpod.jobs.spec` — the schema in
+the OpenAPI document describes them, `parse_spec` enforces them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from deskpod import __version__
+from deskpod.errors import (
+    AccessError,
+    AuthError,
+    ConfigError,
+    DeskpodError,
+    NotFoundError,
+    TooLargeError,
+    UsageError,
+)
+from deskpod.jobs import auth, metrics
+from deskpod.jobs.pod import Pod
+from deskpod.jobs.spec import SPEC_SCHEMA
+from deskpod.jobs.states import JobState
+from deskpod.jobs.store import User
+
+MAX_BODY = 64 * 1024
+"""Bytes; a spec is a few hundred. Larger bodies get 413 before they are parsed."""
+MAX_LOG_CHUNK = 1 << 20
+
+
+def _status_of(e: DeskpodError) -> int:
+    for cls, code in (
+        (AuthError, 401),
+        (AccessError, 403),
+        (NotFoundError, 404),
+        (TooLargeError, 413),
+        (UsageError, 400),
+    ):
+        if isinstance(e, cls):
+            return code
+    return 500
+
+
+def current_user(request: Request, authorization: Annotated[str | None, Header()] = None) -> User:
+    """The caller, from its bearer token (every endpoint but /health depends on this)."""
+    pod: Pod = request.app.state.pod
+    return auth.authenticate(pod.store, authorization)
+
+
+Caller = Annotated[User, Depends(current_user)]
+
+
+def create_app(pod: Pod, *, on_shutdown: Callable[[bool], None]) -> FastAPI:
+    """The API over one `Pod`; ``on_shutdown(stop_jobs)`` is what ``POST /v1/shutdown`` calls."""
+    app = FastAPI(title="deskpod pod service", version=__version__, description=__doc__)
+    store = pod.store
+    app.state.pod = pod
+
+    @app.exception_handler(DeskpodError)
+    async def _deskpod_error(_: Request, e: DeskpodError) -> JSONResponse:
+        return JSONResponse({"error": str(e)}, status_code=_status_of(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in e.errors()[:3]:
+            where = ".".join(str(x) for x in err.get("loc", ()))
+            parts.append(f"{where}: {err.get('msg', 'invalid')}")
+        return JSONResponse({"error": "bad request: " + "; ".join(parts)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=e.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, e: Exception) -> JSONResponse:
+        return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
+
+    async def json_body(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+            raise TooLargeError(f"request body of {declared} bytes is over the limit of {MAX_BODY}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise TooLargeError(f"request body is over the limit of {MAX_BODY} bytes")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks) or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"request body is not valid JSON: {e}") from e
+
+    def body_object(data: Any, fields: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise ConfigError(f"request body: expected a JSON object with {', '.join(fields)}")
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ConfigError(f"request body: unknown field {unknown[0]!r}; valid: {', '.join(fields)}")
+        return data
+
+    @app.get("/health", tags=["service"])
+    def health() -> dict[str, str]:
+        """Liveness; the only endpoint without a token."""
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/v1/whoami", tags=["users"])
+    def whoami(user: Caller) -> dict[str, Any]:
+        return {"name": user.name, "admin": user.admin}
+
+    @app.post(
+        "/v1/jobs",
+        status_code=201,
+        tags=["jobs"],
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SPEC_SCHEMA}}}},
+    )
+    async def submit(request: Request, user: Caller) -> dict[str, Any]:
+        """Queue a job; refused (400) when the spec is bad or the job can never fit this box."""
+        data = await json_body(request)
+        job = await run_in_threadpool(pod.submit, user, data)
+        return job.to_json()
+
+    @app.get("/v1/jobs", tags=["jobs"])
+    def list_jobs(
+        user: Caller,
+        state: Annotated[str | None, Query(max_length=32)] = None,
+        limit: Annotated[int, Query(ge=1, le=100000)] = 1000,
+    ) -> dict[str, Any]:
+        """Your jobs (every job for an admin), newest first."""
+        states = None
+        if state is not None:
+            names = [s.value for s in JobState]
+            if state not in names:
+                raise ConfigError(f"state {state!r} is not a job state; valid: {', '.join(names)}")
+            states = [JobState(state)]
+        jobs = store.jobs(user=None if user.admin else user.name, states=states, limit=limit)
+        return {"jobs": [j.to_json() for j in jobs]}
+
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    def show(job_id: str, user: Caller) -> dict[str, Any]:
+        job = pod.visible_job(user, job_id)
+        return {**job.to_json(), "events": store.events(job.id)}
+
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    def cancel(job_id: str, user: Caller) -> dict[str, Any]:
+        """Cancel a queued job at once, or stop a running one (SIGTERM, grace, SIGKILL)."""
+        return pod.cancel(user, job_id).to_json()
+
+    @app.get("/v1/jobs/{job_id}/log", tags=["jobs"], response_class=PlainTextResponse)
+    def log(
+        job_id: str,
+        user: Caller,
+        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_LOG_CHUNK)] = MAX_LOG_CHUNK,
+    ) -> Response:
+        """Log bytes from ``offset``; ``X-Deskpod-Offset`` is where to ask next, ``X-Deskpod-State`` the job's state."""
+        job = pod.visible_job(user, job_id)
+        path = pod.config.home / "jobs" / str(job.id) / "output.log"
+        data = b""
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+        headers = {"X-Deskpod-Offset": str(offset + len(data)), "X-Deskpod-State": job.state.value}
+        return Response(content=data, media_type="text/plain; charset=utf-8", headers=headers)
+
+    @app.get("/v1/status", tags=["service"])
+    def status(user: Caller) -> dict[str, Any]:
+        """Each device: free, or which job and user holds it; queue and running counts."""
+        return pod.status()
+
+    @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
+    def prometheus(user: Caller) -> Response:
+        text = metrics.render(pod.status(), store.counts(), store.durations())
+        return Response(content=text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    user_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name"],
+        "properties": {"name": {"type": "string", "pattern": auth.USER_RE.pattern}, "admin": {"type": "boolean"}},
+    }
+
+    @app.post(
+        "/v1/users",
+        status_code=201,
+        tags=["users"],
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": user_schema}}}},
+    )
+    async def add_user(request: Request, user: Caller) -> dict[str, Any]:
+        """Create a user and its first token (admin only); the token is shown only here."""
+        auth.require_admin(user)
+        data = body_object(await json_body(request), ("name", "admin"))
+        name = auth.check_user_name(data.get("name"))
+        admin = data.get("admin", False)
+        if not isinstance(admin, bool):
+            raise ConfigError(f"admin = {admin!r}: expected true or false")
+        if not store.add_user(name, admin):
+            raise ConfigError(f"user {name!r} exists already; make another token with POST /v1/users/{name}/tokens")
+        return {"name": name, "admin": admin, "token": auth.new_token(store, name)}
+
+    @app.get("/v1/users", tags=["users"])
+    def list_users(user: Caller) -> dict[str, Any]:
+        auth.require_admin(user)
+        return {"users": [{"name": u.name, "admin": u.admin} for u in store.users()]}
+
+    @app.post("/v1/users/{name}/tokens", status_code=201, tags=["users"])
+    def add_token(name: str, user: Caller) -> dict[str, Any]:
+        """Another token for a user: an admin for anyone, a user for themself."""
+        if name != user.name:
+            auth.require_admin(user)
+        if store.user(name) is None:
+            raise NotFoundError(f"no user {name!r}")
+        return {"name": name, "token": auth.new_token(store, name)}
+
+    @app.post("/v1/shutdown", status_code=202, tags=["service"])
+    async def shutdown(request: Request, user: Caller) -> dict[str, Any]:
+        """Stop the daemon (admin only). ``{"stop_jobs": true}`` also stops and requeues running jobs."""
+        auth.require_admin(user)
+        data = await json_body(request)
+        data = {} if data is None else body_object(data, ("stop_jobs",))
+        stop_jobs = data.get("stop_jobs", False)
+        if not isinstance(stop_jobs, bool):
+            raise ConfigError(f"stop_jobs = {stop_jobs!r}: expected true or false")
+        on_shutdown(stop_jobs)
+        return {"stopping": True, "stop_jobs": stop_jobs}
+
+    return app

@@ -1,0 +1,80 @@
+"""Users and API tokens of the pod service.
+
+A token is 32 random bytes (URL-safe text) shown once when it is made; the store keeps only its
+SHA-256. A salted slow hash (bcrypt, scrypt) protects *guessable* passwords; a 256-bit random token
+cannot be guessed, so a plain hash is enough and keeps every request's check to one lookup.
+
+Roles: an admin creates users and tokens and sees every job; a user sees and acts on their own
+jobs only. The first ``deskpod up`` on an empty home creates the admin ``admin`` and writes its
+token to the starting user's token file (mode 0600).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from pathlib import Path
+
+from deskpod.errors import AccessError, AuthError, ConfigError
+from deskpod.jobs.store import Store, User
+
+USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+ADMIN = "admin"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token(store: Store, user: str) -> str:
+    """Make a token for ``user``; the only time its text exists outside the caller."""
+    token = "dp_" + secrets.token_urlsafe(32)
+    store.add_token_hash(user, hash_token(token))
+    return token
+
+
+def authenticate(store: Store, header: str | None) -> User:
+    """The user an ``Authorization: Bearer <token>`` header names, or `AuthError`."""
+    if not header:
+        raise AuthError("no token: send 'Authorization: Bearer <token>' (the CLI reads it from its token file)")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError("malformed Authorization header; expected 'Bearer <token>'")
+    user = store.user_by_token_hash(hash_token(token.strip()))
+    if user is None:
+        raise AuthError("unknown token; ask an admin for one (deskpod user add NAME)")
+    return user
+
+
+def require_admin(user: User) -> None:
+    if not user.admin:
+        raise AccessError(f"user {user.name!r} is not an admin; only an admin may do this")
+
+
+def check_user_name(name: object) -> str:
+    if not isinstance(name, str) or not USER_RE.match(name):
+        raise ConfigError(
+            f"user name {name!r} is not valid; use 1-32 lowercase letters, digits, '_' or '-', e.g. alice"
+        )
+    return name
+
+
+def bootstrap(store: Store) -> str | None:
+    """On an empty store, create the admin and return its first token; else None."""
+    if store.users():
+        return None
+    store.add_user(ADMIN, admin=True)
+    return new_token(store, ADMIN)
+
+
+def write_token_file(path: Path, token: str) -> None:
+    """Write a token readable only by this user (0600 from the first byte, not chmod-ed after)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)

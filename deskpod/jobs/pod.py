@@ -1,0 +1,387 @@
+"""The pod: the daemon's engine that turns the store's queue into running processes and back.
+
+One loop thread owns every process action (start, signal, reap) and every transition out of
+``starting``/``running``; API threads only insert jobs, cancel queued ones, and mark running ones
+for stopping, each as one store transaction. So a job is started by one thread at a time, and a
+cancel racing a start is settled by the store (`Store.transition` with ``expect``).
+
+``recover`` runs once before the loop: jobs the previous daemon left ``starting``/``running`` are
+re-adopted when their process (same pid, same start time) lives, finished with the exit code their
+shim recorded when it ended meanwhile, and marked ``lost`` (and retried per their spec) otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deskpod.errors import ConfigError, DeviceError, NotFoundError
+from deskpod.hardware.placement import Placement, Unplaceable
+from deskpod.jobs import supervisor as sv
+from deskpod.jobs.scheduler import Running, Waiting, schedule
+from deskpod.jobs.spec import JobSpec, parse_spec
+from deskpod.jobs.states import JobState
+from deskpod.jobs.store import JobRecord, Store, User
+
+S = JobState
+ACTIVE = (S.STARTING, S.RUNNING)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodConfig:
+    """How one pod service runs; ``deskpod up`` flags map onto it."""
+
+    home: Path
+    """State, logs and job folders (``DESKPOD_HOME``)."""
+    host: str = "127.0.0.1"
+    port: int = 8420
+    preemption: bool = True
+    """Whether a higher-priority job may stop lower-priority ones (the per-pod policy)."""
+    grace_s: float = 10.0
+    """Seconds between SIGTERM and SIGKILL when a job is stopped."""
+    tick_s: float = 0.1
+    """How often the loop looks at running processes when nothing wakes it."""
+    machine: str | None = None
+    """Schedule as if this box were this catalog machine (``deskpod up --machine dgx1-v100``); the jobs
+    still run here and get the simulated device indices. For trying policies and for tests."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port}: expected 0-65535")
+        if not 0 <= self.grace_s <= 3600:
+            raise ConfigError(f"--grace {self.grace_s}: expected seconds from 0 to 3600")
+
+
+class Pod:
+    """Queue, scheduler and supervisor of one box."""
+
+    def __init__(
+        self,
+        config: PodConfig,
+        store: Store,
+        *,
+        device_count: int,
+        device_kind: str,
+        place: Callable[[Sequence[int], int, str], Placement | Unplaceable],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config, self.store, self.device_count, self.device_kind = config, store, device_count, device_kind
+        self.place, self.clock = place, clock
+        self.sup = sv.Supervisor()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._dirty = True
+        self._last_pass = 0.0
+        self._thread: threading.Thread | None = None
+
+    # API side --------------------------------------------------------------------------------
+    def submit(self, user: User, data: object) -> JobRecord:
+        """Validate, refuse what can never fit this box, record as queued, wake the loop."""
+        spec = parse_spec(data, device_count=self.device_count)
+        k = int(spec.devices)
+        if spec.workdir is not None and not Path(spec.workdir).is_dir():
+            raise ConfigError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
+        what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
+        if k > self.device_count:
+            raise DeviceError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
+        got = self.place(range(self.device_count), k, spec.placement)
+        if isinstance(got, Unplaceable) and not got.ever:
+            raise DeviceError(f"job can never fit this box: {got.reason}")
+        job = self.store.submit(user.name, spec, k, self.clock())
+        self.wake()
+        return job
+
+    def visible_job(self, user: User, job_id: str) -> JobRecord:
+        """The job, if ``user`` may see it; another user's job looks like no job at all."""
+        job = self.store.job(int(job_id)) if job_id.isdigit() and len(job_id) < 19 else None
+        if job is None or (job.user != user.name and not user.admin):
+            raise NotFoundError(f"no job {job_id!r} (job ids are numbers; `deskpod jobs` lists yours)")
+        return job
+
+    def cancel(self, user: User, job_id: str) -> JobRecord:
+        job = self.visible_job(user, job_id)
+        if job.state is S.QUEUED and self.store.transition(
+            job.id,
+            S.CANCELLED,
+            f"cancelled by {user.name}",
+            expect=[S.QUEUED],
+            finished_at=self.clock(),
+            reason="cancelled",
+        ):
+            return self.store.job(job.id) or job
+        if job.state.active and job.stop_reason is None:
+            self.store.update(job.id, stop_reason="cancel", reason=f"cancelling (asked by {user.name})")
+            self.wake()
+        elif job.state.active and job.stop_reason != "cancel":
+            self.store.update(job.id, stop_reason="cancel")  # a cancel outranks a preemption: do not requeue
+        return self.store.job(job.id) or job
+
+    def wake(self) -> None:
+        self._dirty = True
+        self._wake.set()
+
+    # loop ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.recover()
+        self._thread = threading.Thread(target=self._run, name="deskpod-pod", daemon=True)
+        self._thread.start()
+
+    def close(self, *, stop_jobs: bool = False) -> None:
+        """Stop the loop. Jobs keep running (the next daemon adopts them) unless ``stop_jobs``."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        if stop_jobs:
+            self._stop_everything()
+        self.sup.release()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.tick_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.tick()
+            except Exception:  # one bad tick must not end the service; the traceback goes to the daemon log
+                traceback.print_exc(file=sys.stderr)
+
+    def tick(self) -> None:
+        now = self.clock()
+        for job in self.store.jobs(states=ACTIVE):
+            self._watch(job, now)
+        if not self._stop.is_set() and (self._dirty or now - self._last_pass > 1.0):
+            self._dirty = False
+            self._last_pass = now
+            self._schedule(now)
+
+    def _files(self, job: JobRecord) -> sv.Attempt:
+        return sv.Attempt(self.config.home / "jobs" / str(job.id))
+
+    def _watch(self, job: JobRecord, now: float) -> None:
+        pid = job.pid
+        if pid is None:
+            return
+        done, code = self.sup.finished(pid, job.pid_start, self._files(job).exit_file(job.attempt))
+        if done:
+            self._finish(job, code, now)
+            return
+        limit = job.max_runtime
+        if (
+            job.stop_reason is None
+            and limit is not None
+            and job.started_at is not None
+            and now > job.started_at + limit
+        ):
+            self.store.update(job.id, stop_reason="timeout", reason=f"exceeded max_runtime {limit:g} s")
+            job = self.store.job(job.id) or job
+        if job.stop_reason is not None:
+            if job.stop_deadline is None:
+                sv.signal_group(pid, job.pid_start, signal.SIGTERM)
+                self.store.update(job.id, stop_deadline=now + self.config.grace_s)
+            elif now >= job.stop_deadline:
+                sv.signal_group(pid, job.pid_start, signal.SIGKILL)
+
+    def _finish(self, job: JobRecord, code: int | None, now: float) -> None:
+        """Record how a job's process ended and decide: done, requeued, or retried."""
+        base: dict[str, Any] = {
+            "exit_code": code,
+            "finished_at": now,
+            "stop_reason": None,
+            "stop_deadline": None,
+            "assigned": "",
+        }
+        why = job.stop_reason
+        if code == 0:
+            self.store.transition(job.id, S.SUCCEEDED, "exit code 0", reason="", **base)
+        elif why == "cancel":
+            self.store.transition(job.id, S.CANCELLED, f"cancelled (exit code {code})", reason="cancelled", **base)
+        elif why in ("preempt", "shutdown"):
+            note = "preempted" if why == "preempt" else "stopped with the daemon"
+            self.store.transition(job.id, S.PREEMPTED, f"{note} (exit code {code})", **base)
+            self.store.transition(job.id, S.QUEUED, "requeued", reason=f"{note}; requeued", pid=None)
+        else:
+            if why == "timeout":
+                new, note = S.FAILED, f"exceeded max_runtime {job.max_runtime:g} s (exit code {code})"
+            elif code is None:
+                new, note = S.LOST, "process gone without an exit code"
+            else:
+                new, note = S.FAILED, f"exit code {code}"
+            self.store.transition(job.id, new, note, reason=note, failures=job.failures + 1, **base)
+            if job.failures < job.retries:
+                self.store.transition(
+                    job.id,
+                    S.QUEUED,
+                    f"retry {job.failures + 1} of {job.retries}",
+                    reason=f"retrying after {note}",
+                    pid=None,
+                )
+        self._dirty = True
+
+    def _schedule(self, now: float) -> None:
+        active = self.store.jobs(states=ACTIVE)
+        running = [
+            Running(
+                j.id, j.priority, j.assigned, j.started_at or now, j.max_runtime,
+                (j.stop_deadline or now + self.config.grace_s) if j.stop_reason else None,
+            )
+            for j in active
+        ]  # fmt: skip
+        queued = self.store.queue()
+        if not queued:
+            return
+        waiting = [Waiting(q[0], q[1], q[2], q[3], q[4]) for q in queued]
+        plan = schedule(waiting, running, self.device_count, self.place, now, preemption=self.config.preemption)
+        self.store.set_reasons(plan.waits)
+        for victim in plan.preempt:
+            self.store.update(victim, stop_reason="preempt", reason=f"preempted for job {plan.reserved}")
+            self.store.note(victim, f"preemption requested for job {plan.reserved}")
+            self._dirty = True
+        for st in plan.starts:
+            self._launch(st.job, st.devices, st.reason)
+
+    def _launch(self, job_id: int, devices: tuple[int, ...], why: str) -> None:
+        job = self.store.job(job_id)
+        if job is None:
+            return
+        port, attempt = free_port(), job.attempt + 1
+        shown = ",".join(map(str, devices))
+        if not self.store.transition(
+            job.id, S.STARTING, f"devices {shown}: {why}", expect=[S.QUEUED],
+            attempt=attempt, assigned=shown, port=port, reason="", exit_code=None, stop_reason=None, stop_deadline=None,
+        ):  # fmt: skip
+            return  # cancelled meanwhile
+        files = self._files(job)
+        try:
+            argv = self._argv(job, files.folder)
+            cwd = Path(job.spec.workdir) if job.spec.workdir else files.folder
+            files.folder.mkdir(parents=True, exist_ok=True)
+            with open(files.log, "ab") as log:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock()))
+                log.write(f"--- deskpod: job {job.id} attempt {attempt} on devices {shown} at {stamp} ---\n".encode())
+            pid, started = self.sup.spawn(
+                argv, env=self._env(job, devices, port), cwd=cwd, files=files, attempt=attempt
+            )
+        except OSError as e:
+            self.store.transition(
+                job.id,
+                S.FAILED,
+                f"cannot start: {e}",
+                reason=f"cannot start: {e}",
+                finished_at=self.clock(),
+                assigned="",
+            )
+            return
+        self.store.transition(
+            job.id, S.RUNNING, f"pid {pid}", expect=[S.STARTING], pid=pid, pid_start=started, started_at=self.clock()
+        )
+
+    def _argv(self, job: JobRecord, folder: Path) -> list[str]:
+        spec: JobSpec = job.spec
+        if spec.train is None:
+            return list(spec.command)
+        import tomli_w
+
+        folder.mkdir(parents=True, exist_ok=True)
+        config = folder / "train.toml"
+        config.write_text(tomli_w.dumps(dict(spec.train)))
+        out = folder / "runs"
+        argv = [
+            sys.executable,
+            "-m",
+            "deskpod",
+            "train",
+            "--config",
+            str(config),
+            "--out",
+            str(out),
+            "--name",
+            spec.name,
+        ]
+        argv += ["--devices", "all"]
+        if any((out / spec.name / "checkpoints").glob("*.pt")):
+            argv.append("--resume")
+        return argv
+
+    def _env(self, job: JobRecord, devices: tuple[int, ...], port: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(job.spec.env)
+        listed = ",".join(map(str, devices))
+        env.update({"DESKPOD_JOB_ID": str(job.id), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        if self.device_kind == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = listed
+            env.pop("DESKPOD_CPU_SLOTS", None)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+            env["DESKPOD_CPU_SLOTS"] = listed
+        return env
+
+    # recovery and shutdown ------------------------------------------------------------------
+    def recover(self) -> None:
+        """Re-adopt, finish or requeue what a previous daemon left active (see module docstring)."""
+        now = self.clock()
+        for job in self.store.jobs(states=ACTIVE):
+            files = self._files(job)
+            pid, started = job.pid, job.pid_start
+            if pid is None:
+                pid = sv.read_exit(files.pid_file(job.attempt))  # the shim's own pid file: same format
+                started = sv.start_time(pid) if pid is not None else None
+            if job.state is S.STARTING and pid is not None:
+                self.store.transition(job.id, S.RUNNING, f"pid {pid} (started before the daemon stopped)",
+                                      pid=pid, pid_start=started, started_at=now)  # fmt: skip
+                job = self.store.job(job.id) or job
+            code = sv.read_exit(files.exit_file(job.attempt))
+            if code is not None:
+                self._finish(job, code, now)
+            elif pid is not None and sv.alive(pid, started):
+                self.store.note(job.id, f"re-adopted pid {pid} after a daemon restart")
+            elif job.state is S.STARTING and pid is None:
+                self.store.transition(job.id, S.QUEUED, "daemon stopped before the job started", assigned="", reason="")
+            else:
+                self._finish(job, None, now)
+
+    def _stop_everything(self) -> None:
+        """For ``deskpod down --stop-jobs``: SIGTERM every job, wait the grace, SIGKILL, requeue them."""
+        for job in self.store.jobs(states=ACTIVE):
+            if job.stop_reason is None:
+                self.store.update(job.id, stop_reason="shutdown")
+        deadline = self.clock() + self.config.grace_s + 5.0
+        while self.store.jobs(states=ACTIVE) and self.clock() < deadline:
+            self.tick()
+            time.sleep(0.05)
+
+    def status(self) -> dict[str, Any]:
+        holders: dict[int, JobRecord] = {}
+        for j in self.store.jobs(states=ACTIVE):
+            for d in j.assigned:
+                holders[d] = j
+        devices = []
+        for d in range(self.device_count):
+            h = holders.get(d)
+            devices.append({"index": d, "kind": self.device_kind, "job": None if h is None else str(h.id),
+                            "user": None if h is None else h.user, "name": None if h is None else h.name})  # fmt: skip
+        counts = self.store.counts()
+        return {
+            "devices": devices,
+            "queued": counts.get("queued", 0),
+            "running": counts.get("running", 0) + counts.get("starting", 0),
+            "preemption": self.config.preemption,
+            "grace_s": self.config.grace_s,
+        }
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for the job's rendezvous (``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

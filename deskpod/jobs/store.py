@@ -1,0 +1,320 @@
+"""The pod service's state in SQLite (WAL mode): users, token hashes, jobs and their state history.
+
+Why SQLite: one file under ``DESKPOD_HOME``, transactions that survive a SIGKILL of the daemon at any
+instant (a committed row is in the WAL before the HTTP answer goes out), and no server to run.
+``synchronous=NORMAL`` keeps commits fast; in WAL mode it loses nothing when a *process* dies, only
+possibly the last commits on a power cut.
+
+One connection, one lock: the API threads and the daemon's loop take turns, which keeps every
+read-check-write (a state transition, a submission) atomic without SQLite's busy retries.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deskpod.jobs.spec import JobSpec, parse_spec
+from deskpod.jobs.states import FINAL, JobState, check
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS users(
+    name TEXT PRIMARY KEY, admin INTEGER NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens(
+    hash TEXT PRIMARY KEY, user TEXT NOT NULL REFERENCES users(name), created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    user TEXT NOT NULL, name TEXT NOT NULL, spec TEXT NOT NULL,
+    priority INTEGER NOT NULL, devices INTEGER NOT NULL, placement TEXT NOT NULL,
+    max_runtime REAL, retries INTEGER NOT NULL,
+    state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
+    attempt INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0,
+    assigned TEXT NOT NULL DEFAULT '', port INTEGER, pid INTEGER, pid_start INTEGER,
+    exit_code INTEGER, stop_reason TEXT, stop_deadline REAL,
+    submitted_at REAL NOT NULL, started_at REAL, finished_at REAL);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
+CREATE TABLE IF NOT EXISTS events(
+    job INTEGER NOT NULL, at REAL NOT NULL, old TEXT, new TEXT NOT NULL, note TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_job ON events(job);
+"""
+
+MUTABLE = frozenset(
+    {"reason", "attempt", "failures", "assigned", "port", "pid", "pid_start", "exit_code", "stop_reason",
+     "stop_deadline", "started_at", "finished_at"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    name: str
+    admin: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One row of ``jobs``, typed."""
+
+    id: int
+    user: str
+    name: str
+    spec: JobSpec
+    priority: int
+    devices: int
+    placement: str
+    max_runtime: float | None
+    retries: int
+    state: JobState
+    reason: str
+    attempt: int
+    failures: int
+    assigned: tuple[int, ...]
+    port: int | None
+    pid: int | None
+    pid_start: int | None
+    exit_code: int | None
+    stop_reason: str | None
+    stop_deadline: float | None
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "user": self.user,
+            "name": self.name,
+            "kind": self.spec.kind,
+            "state": self.state.value,
+            "reason": self.reason,
+            "priority": self.priority,
+            "devices": self.devices,
+            "assigned": list(self.assigned),
+            "placement": self.placement,
+            "attempt": self.attempt,
+            "failures": self.failures,
+            "retries": self.retries,
+            "exit_code": self.exit_code,
+            "pid": self.pid,
+            "port": self.port,
+            "stopping": self.stop_reason,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "spec": self.spec.to_json(),
+        }
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    return JobRecord(
+        id=row["id"],
+        user=row["user"],
+        name=row["name"],
+        spec=parse_spec(json.loads(row["spec"])),
+        priority=row["priority"],
+        devices=row["devices"],
+        placement=row["placement"],
+        max_runtime=row["max_runtime"],
+        retries=row["retries"],
+        state=JobState(row["state"]),
+        reason=row["reason"],
+        attempt=row["attempt"],
+        failures=row["failures"],
+        assigned=tuple(int(x) for x in row["assigned"].split(",") if x),
+        port=row["port"],
+        pid=row["pid"],
+        pid_start=row["pid_start"],
+        exit_code=row["exit_code"],
+        stop_reason=row["stop_reason"],
+        stop_deadline=row["stop_deadline"],
+        submitted_at=row["submitted_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+class Store:
+    """All reads and writes of the pod's state; every method is one transaction."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # users and tokens --------------------------------------------------------------------------
+    def add_user(self, name: str, admin: bool) -> bool:
+        """Create a user; False when the name is taken."""
+        with self._tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO users VALUES (?, ?, ?)", (name, int(admin), time.time()))
+            return cur.rowcount == 1
+
+    def users(self) -> list[User]:
+        with self._lock:
+            rows = self._db.execute("SELECT name, admin FROM users ORDER BY name").fetchall()
+        return [User(r["name"], bool(r["admin"])) for r in rows]
+
+    def user(self, name: str) -> User | None:
+        with self._lock:
+            r = self._db.execute("SELECT name, admin FROM users WHERE name = ?", (name,)).fetchone()
+        return None if r is None else User(r["name"], bool(r["admin"]))
+
+    def add_token_hash(self, user: str, token_hash: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO tokens VALUES (?, ?, ?)", (token_hash, user, time.time()))
+
+    def user_by_token_hash(self, token_hash: str) -> User | None:
+        with self._lock:
+            r = self._db.execute(
+                "SELECT u.name, u.admin FROM tokens t JOIN users u ON u.name = t.user WHERE t.hash = ?", (token_hash,)
+            ).fetchone()
+        return None if r is None else User(r["name"], bool(r["admin"]))
+
+    # jobs --------------------------------------------------------------------------------------
+    def submit(self, user: str, spec: JobSpec, devices: int, now: float) -> JobRecord:
+        """Record a new queued job; the row is committed before this returns."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO jobs (user, name, spec, priority, devices, placement, max_runtime, retries, state,"
+                " submitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (user, spec.name, json.dumps(spec.to_json()), spec.priority, devices, spec.placement,
+                 spec.max_runtime, spec.retries, JobState.QUEUED.value, now),
+            )  # fmt: skip
+            job_id = int(cur.lastrowid or 0)
+            db.execute("INSERT INTO events VALUES (?, ?, NULL, ?, ?)", (job_id, now, "queued", f"submitted by {user}"))
+            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return _record(row)
+
+    def job(self, job_id: int) -> JobRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def jobs(
+        self, *, user: str | None = None, states: Iterable[JobState] | None = None, limit: int = 1000
+    ) -> list[JobRecord]:
+        """Jobs, newest first, optionally of one user and in some states."""
+        sql = "SELECT * FROM jobs WHERE 1=1"
+        args: list[Any] = []
+        if user is not None:
+            sql += " AND user = ?"
+            args.append(user)
+        if states is not None:
+            wanted = [s.value for s in states]
+            sql += f" AND state IN ({','.join('?' * len(wanted))})"
+            args.extend(wanted)
+        sql += " ORDER BY id DESC LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(sql, args).fetchall()
+        return [_record(r) for r in rows]
+
+    def transition(
+        self, job_id: int, new: JobState, note: str, *, expect: Iterable[JobState] | None = None, **fields: Any
+    ) -> bool:
+        """Move a job to ``new`` (checked against the state table) and set ``fields``, atomically.
+
+        Returns False, changing nothing, when the job's current state is not in ``expect`` — the
+        caller lost a race (a cancel against a start) and must re-read.
+        """
+        bad = set(fields) - MUTABLE
+        if bad:
+            raise ValueError(f"not a mutable job field: {sorted(bad)}")
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is None:
+                return False
+            old = JobState(row["state"])
+            if expect is not None and old not in set(expect):
+                return False
+            check(old, new)
+            sets = ", ".join(["state = ?", *(f"{k} = ?" for k in fields)])
+            db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", (new.value, *fields.values(), job_id))
+            db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)", (job_id, time.time(), old.value, new.value, note))
+        return True
+
+    def update(self, job_id: int, **fields: Any) -> None:
+        """Set fields without a state change (a pid, a stop request, a wait reason)."""
+        bad = set(fields) - MUTABLE
+        if bad:
+            raise ValueError(f"not a mutable job field: {sorted(bad)}")
+        if not fields:
+            return
+        with self._tx() as db:
+            db.execute(
+                f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", (*fields.values(), job_id)
+            )
+
+    def queue(self) -> list[tuple[int, int, int, str, float | None]]:
+        """Queued jobs as (id, priority, devices, placement, max_runtime): the scheduler's light view."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, priority, devices, placement, max_runtime FROM jobs WHERE state = 'queued'"
+            ).fetchall()
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def note(self, job_id: int, text: str) -> None:
+        """Add a history line without a state change (a re-adoption, a preemption request)."""
+        with self._tx() as db:
+            row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if row is not None:
+                db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)", (job_id, time.time(), row[0], row[0], text))
+
+    def set_reasons(self, reasons: dict[int, str]) -> None:
+        """Write the scheduler's wait reasons for queued jobs, only where they changed."""
+        if not reasons:
+            return
+        with self._tx() as db:
+            rows = db.execute("SELECT id, reason FROM jobs WHERE state = 'queued'").fetchall()
+            changed = [
+                (reasons[r["id"]], r["id"]) for r in rows if r["id"] in reasons and reasons[r["id"]] != r["reason"]
+            ]
+            db.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT at, old, new, note FROM events WHERE job = ? ORDER BY rowid", (job_id,)
+            ).fetchall()
+        return [{"at": r["at"], "from": r["old"], "to": r["new"], "note": r["note"]} for r in rows]
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state").fetchall()
+        return {r["state"]: int(r["n"]) for r in rows}
+
+    def durations(self) -> list[float]:
+        """Run times (seconds) of jobs that ended, for the metrics histogram."""
+        final = [s.value for s in FINAL]
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT finished_at - started_at AS d FROM jobs WHERE state IN ({','.join('?' * len(final))})"
+                " AND started_at IS NOT NULL AND finished_at IS NOT NULL",
+                final,
+            ).fetchall()
+        return [float(r["d"]) for r in rows]

@@ -1,0 +1,242 @@
+"""The pod service end to end on one shared daemon: jobs, logs, users, metrics and every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import SLEEPER, Pod, python_job, wait_for
+
+from deskpod.errors import AuthError, ConfigError, NotFoundError, UsageError
+from deskpod.jobs.client import PodClient, read_token
+
+
+def wait_state(client: PodClient, job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        job = client.job(job_id)
+        return job if job["state"] in states else None
+
+    got = wait_for(check, timeout, f"job {job_id} to reach {states}")
+    assert isinstance(got, dict)
+    return got
+
+
+def test_a_job_runs_with_its_devices_port_and_log(shared_pod: Pod, tmp_path: Path) -> None:
+    c = shared_pod.client()
+    code = "import os; print('slots', os.environ['DESKPOD_CPU_SLOTS'], 'cvd', repr(os.environ['CUDA_VISIBLE_DEVICES']), 'port', os.environ['MASTER_PORT'], 'cwd', os.getcwd())"
+    job = c.submit({"name": "env-probe", "command": python_job(code), "workdir": str(tmp_path)})
+    assert job["state"] in ("queued", "starting", "running", "succeeded")
+    done = wait_state(c, job["id"], "succeeded", "failed")
+    assert done["state"] == "succeeded" and done["exit_code"] == 0
+    text = c.log(job["id"])[0].decode()
+    line = next(x for x in text.splitlines() if x.startswith("slots"))
+    _, slots, _, cvd, _, port, _, cwd = line.split()
+    assert [int(x) for x in slots.split(",")] and cvd == "''" and int(port) > 0 and cwd == str(tmp_path)
+    steps = [(e["from"], e["to"]) for e in done["events"]]
+    assert steps == [(None, "queued"), ("queued", "starting"), ("starting", "running"), ("running", "succeeded")]
+    assert done["started_at"] >= done["submitted_at"] and done["finished_at"] >= done["started_at"]
+
+
+def test_failures_timeouts_retries_and_cancel(shared_pod: Pod) -> None:
+    c = shared_pod.client()
+    failing = c.submit({"command": python_job("import sys; sys.exit(3)"), "retries": 1})
+    slow = c.submit({"command": ["sleep", "30"], "max_runtime": 0.5})
+    done = wait_state(c, failing["id"], "failed")
+    assert done["exit_code"] == 3 and done["attempt"] == 2 and done["failures"] == 2
+    done = wait_state(c, slow["id"], "failed")
+    assert "max_runtime" in done["reason"]
+    running = c.submit({"command": python_job(SLEEPER)})
+    wait_state(c, running["id"], "running")
+    wait_for(lambda: b"started" in c.log(running["id"])[0], 20, "the sleeper to start")
+    c.cancel(running["id"])
+    done = wait_state(c, running["id"], "cancelled")
+    assert done["exit_code"] == 143
+    assert b"got SIGTERM" in c.log(running["id"])[0]
+
+
+def test_a_job_that_can_never_fit_is_refused_with_its_reason(shared_pod: Pod) -> None:
+    c = shared_pod.client()
+    before = len(c.jobs())
+    with pytest.raises(UsageError, match="never fit"):
+        c.submit({"command": ["true"], "devices": 64})
+    with pytest.raises(UsageError, match="nonesuch"):
+        c.submit({"command": ["true"], "placement": "partition:nonesuch"})
+    assert len(c.jobs()) == before
+    r = shared_pod.cli("submit", "--devices", "64", "--", "true")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "never fit" in r.stderr
+
+
+def raw(pod: Pod, method: str, path: str, token: str | None = "", **kw: Any) -> httpx.Response:
+    headers = dict(kw.pop("headers", {}))
+    tok = pod.token if token == "" else token
+    if tok is not None:
+        headers["Authorization"] = f"Bearer {tok}"
+    with httpx.Client(base_url=pod.url, timeout=30, trust_env=False) as h:
+        return h.request(method, path, headers=headers, **kw)
+
+
+BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
+    (
+        "POST",
+        "/v1/jobs",
+        {"content": b"{not json", "headers": {"content-type": "application/json"}},
+        400,
+        "not valid JSON",
+    ),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "gpus": 1}}, 400, "unknown field 'gpus'"),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "devices": -1}}, 400, "devices"),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "devices": 10**12}}, 400, "devices"),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "max_runtime": -5}}, 400, "max_runtime"),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "name": "x; rm -rf ~"}}, 400, "name"),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "name": "../../etc/passwd"}}, 400, "name"),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "workdir": "/no/such/dir"}}, 400, "workdir"),
+    ("POST", "/v1/jobs", {"json": {"command": "rm -rf /"}}, 400, "command"),
+    ("POST", "/v1/jobs", {"json": [1, 2]}, 400, "expected an object"),
+    ("POST", "/v1/jobs", {"content": b"x" * 200_000}, 413, "limit"),
+    ("GET", "/v1/jobs/999999", {}, 404, "no job"),
+    ("GET", "/v1/jobs/abc", {}, 404, "no job"),
+    ("GET", "/v1/jobs/99999999999999999999999", {}, 404, "no job"),
+    ("POST", "/v1/jobs/999999/cancel", {}, 404, "no job"),
+    ("GET", "/v1/jobs/1/log?offset=-1", {}, 422, "offset"),
+    ("GET", "/v1/jobs?state=bogus", {}, 400, "not a job state"),
+    ("GET", "/v1/nonesuch", {}, 404, "Not Found"),
+    ("DELETE", "/v1/jobs", {}, 405, "Method Not Allowed"),
+    ("POST", "/v1/users", {"json": {"name": "Bad Name!"}}, 400, "user name"),
+    ("POST", "/v1/users", {"json": {"name": "ok", "role": "root"}}, 400, "unknown field"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "kw", "status", "needle"), BAD_REQUESTS)
+def test_bad_requests_answer_4xx_with_an_error(
+    shared_pod: Pod, method: str, path: str, kw: dict[str, Any], status: int, needle: str
+) -> None:
+    r = raw(shared_pod, method, path, **kw)
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]
+
+
+def test_tokens_are_required_and_checked(shared_pod: Pod) -> None:
+    assert raw(shared_pod, "GET", "/health", token=None).status_code == 200
+    for path in ("/v1/jobs", "/v1/status", "/metrics", "/v1/whoami"):
+        r = raw(shared_pod, "GET", path, token=None)
+        assert r.status_code == 401 and "token" in r.json()["error"]
+        r = raw(shared_pod, "GET", path, token="dp_wrong")
+        assert r.status_code == 401 and "unknown token" in r.json()["error"]
+
+
+def test_users_see_and_act_on_their_own_jobs_only(shared_pod: Pod, tmp_path: Path) -> None:
+    admin = shared_pod.client()
+    alice = shared_pod.client(admin.add_user("alice")["token"])
+    bob = shared_pod.client(admin.add_user("bob")["token"])
+    with pytest.raises(ConfigError, match="exists already"):
+        admin.add_user("alice")
+    assert alice.whoami() == {"name": "alice", "admin": False}
+    job = alice.submit({"command": ["sleep", "30"], "name": "alices"})
+    with pytest.raises(NotFoundError):
+        bob.job(job["id"])
+    with pytest.raises(NotFoundError):
+        bob.cancel(job["id"])
+    with pytest.raises(NotFoundError):
+        bob.log(job["id"])
+    assert all(j["user"] == "bob" for j in bob.jobs())
+    assert job["id"] in {j["id"] for j in admin.jobs()}
+    r = raw(shared_pod, "POST", "/v1/users", token=bob_token(bob), json={"name": "mallory", "admin": True})
+    assert r.status_code == 403 and "not an admin" in r.json()["error"]
+    r = raw(shared_pod, "POST", "/v1/users/alice/tokens", token=bob_token(bob))
+    assert r.status_code == 403
+    assert bob.new_token("bob").startswith("dp_")
+    assert admin.cancel(job["id"])["id"] == job["id"]  # an admin may act on anyone's job
+    wait_state(admin, job["id"], "cancelled")
+
+    # The CLI: a token saved by `user login` is 0600; a token file others can read is refused.
+    token_file = tmp_path / "alice.token"
+    r = shared_pod.cli("user", "login", token_file=token_file, stdin=bob_token(alice) + "\n")
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    r = shared_pod.cli("user", "whoami", token_file=token_file)
+    assert r.returncode == 0 and r.stdout.strip() == "alice"
+    r = shared_pod.cli("show", job["id"], token_file=token_file)
+    assert r.returncode == 0 and "alices" in r.stdout
+    os.chmod(token_file, 0o644)
+    with pytest.raises(AuthError, match="readable by others"):
+        read_token(token_file)
+    r = shared_pod.cli("jobs", token_file=token_file)
+    assert r.returncode == 2 and "chmod 600" in r.stderr
+
+
+def bob_token(c: PodClient) -> str:
+    return str(c._http.headers["Authorization"]).split()[1]
+
+
+def test_cli_round_trip_and_logs_follow(shared_pod: Pod, tmp_path: Path) -> None:
+    code = "import time\nfor i in range(5):\n    print('line', i, flush=True)\n    time.sleep(0.3)\n"
+    script = tmp_path / "count.py"
+    script.write_text(code)
+    r = shared_pod.cli("submit", "--name", "counter", "--env", "X=1", "--", sys.executable, str(script))
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip()
+    r = shared_pod.cli("logs", "-f", job_id)
+    assert r.returncode == 0, r.stderr
+    assert [x for x in r.stdout.splitlines() if x.startswith("line")] == [f"line {i}" for i in range(5)]
+    r = shared_pod.cli("jobs")
+    assert r.returncode == 0 and "counter" in r.stdout and "succeeded" in r.stdout
+    r = shared_pod.cli("status")
+    assert r.returncode == 0 and "free" in r.stdout
+    r = shared_pod.cli("show", "nonesuch")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("deskpod: no job")
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"command": ["true"], "bogus": 1}))
+    r = shared_pod.cli("submit", str(spec))
+    assert r.returncode == 2 and "unknown field 'bogus'" in r.stderr
+
+
+def test_metrics_and_openapi(shared_pod: Pod) -> None:
+    c = shared_pod.client()
+    text = c.metrics()
+    for family in ("deskpod_queue_length", "deskpod_jobs_running", "deskpod_devices_allocated",
+                   'deskpod_jobs{state="succeeded"}', "deskpod_job_duration_seconds_count"):  # fmt: skip
+        assert family in text
+    schema = raw(shared_pod, "GET", "/openapi.json").json()
+    assert "/v1/jobs" in schema["paths"] and "post" in schema["paths"]["/v1/jobs"]
+
+
+def test_fuzz_every_operation_of_the_openapi_schema_finds_no_5xx(shared_pod: Pod) -> None:
+    """Garbage path parameters, query values and bodies for every operation: 4xx with an error, never 5xx.
+
+    A small deterministic fuzzer driven by the service's own OpenAPI document (schemathesis is not
+    installed here). It runs as a non-admin user, so it cannot shut the service down.
+    """
+    admin = shared_pod.client()
+    user_token = admin.add_user("fuzzer")["token"]
+    schema = raw(shared_pod, "GET", "/openapi.json").json()
+    words = ["0", "-1", "x" * 300, "%00", "..%2F..%2Fetc", "1e9", "null", "ü", "18446744073709551616"]
+    bodies: list[Any] = [None, 0, -1, "x", [], [None], {}, {"": ""}, {"devices": "x"}, {"command": [1]},
+                         {"name": None}, {"stop_jobs": "yes"}, {"train": []}, "\u0000"]  # fmt: skip
+    checked = 0
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            params = [p["name"] for p in op.get("parameters", []) if p["in"] == "query"]
+            for word in words:
+                url = path
+                for p in op.get("parameters", []):
+                    if p["in"] == "path":
+                        url = url.replace("{" + p["name"] + "}", word)
+                query = {q: word for q in params}
+                for body in bodies if method == "post" else [None]:
+                    kw: dict[str, Any] = {"params": query}
+                    if method == "post":
+                        kw["content"] = json.dumps(body).encode()
+                        kw["headers"] = {"content-type": "application/json"}
+                    r = raw(shared_pod, method.upper(), url, token=user_token, **kw)
+                    checked += 1
+                    assert r.status_code < 500, (method, url, body, r.text)
+                    if r.status_code >= 400:
+                        assert "error" in r.json(), (method, url, r.text)
+    assert checked > 100
+    assert raw(shared_pod, "GET", "/health", token=None).status_code == 200

@@ -1,0 +1,98 @@
+"""Job specs and job states: every bad input is refused with a message naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deskpod.errors import ConfigError
+from deskpod.jobs.spec import load_spec_file, parse_spec
+from deskpod.jobs.states import FINAL, TRANSITIONS, JobState, TransitionError, check
+
+
+def test_a_full_spec_parses_and_all_resolves() -> None:
+    spec = parse_spec(
+        {"name": "a.b-1", "command": ["python", "x.py"], "devices": "all", "placement": "partition:halves",
+         "priority": -3, "max_runtime": 1.5, "retries": 2, "env": {"SEED": "1"}, "workdir": "/tmp"},
+        device_count=8,
+    )  # fmt: skip
+    assert spec.devices == 8 and spec.kind == "command" and spec.env == {"SEED": "1"}
+    assert parse_spec({"command": ["/bin/sleep", "1"]}).name == "sleep"
+    assert parse_spec({"command": ["python", "train.py"]}).name == "train.py"
+    assert parse_spec({"train": {"model": "mlp"}}).kind == "train"
+
+
+BAD = [
+    ([], "expected an object"),
+    ({"command": ["x"], "gpus": 2}, "unknown field 'gpus'"),
+    ({}, "exactly one of command"),
+    ({"command": ["x"], "train": {}}, "exactly one of command"),
+    ({"command": "python x.py"}, "command"),
+    ({"command": []}, "command"),
+    ({"command": ["x", 3]}, "command"),
+    ({"command": ["x\0"]}, "command"),
+    ({"command": ["x"], "name": "a;rm -rf"}, "name"),
+    ({"command": ["x"], "name": "../etc"}, "name"),
+    ({"command": ["x"], "name": "a/b"}, "name"),
+    ({"command": ["x"], "name": "$(id)"}, "name"),
+    ({"command": ["x"], "name": "x" * 65}, "name"),
+    ({"command": ["x"], "devices": 0}, "devices"),
+    ({"command": ["x"], "devices": -2}, "devices"),
+    ({"command": ["x"], "devices": 10**9}, "devices"),
+    ({"command": ["x"], "devices": True}, "devices"),
+    ({"command": ["x"], "devices": "some"}, "devices"),
+    ({"command": ["x"], "priority": 10**6}, "priority"),
+    ({"command": ["x"], "priority": 1.5}, "priority"),
+    ({"command": ["x"], "max_runtime": -1}, "max_runtime"),
+    ({"command": ["x"], "max_runtime": 1e12}, "max_runtime"),
+    ({"command": ["x"], "retries": -1}, "retries"),
+    ({"command": ["x"], "retries": 1000}, "retries"),
+    ({"command": ["x"], "placement": "fastest"}, "placement"),
+    ({"command": ["x"], "env": {"A B": "1"}}, "env"),
+    ({"command": ["x"], "env": {"A": 1}}, "env.A"),
+    ({"command": ["x"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "sets"),
+    ({"command": ["x"], "env": ["A=1"]}, "env"),
+    ({"command": ["x"], "workdir": "relative/dir"}, "workdir"),
+    ({"train": "mlp"}, "train"),
+]
+
+
+@pytest.mark.parametrize(("data", "needle"), BAD)
+def test_bad_specs_are_refused_naming_the_problem(data: object, needle: str) -> None:
+    with pytest.raises(ConfigError, match=None) as e:
+        parse_spec(data, device_count=2)
+    assert needle in str(e.value)
+
+
+def test_spec_files(tmp_path: Path) -> None:
+    good = tmp_path / "job.toml"
+    good.write_text('command = ["true"]\ndevices = 1\n[env]\nA = "1"\n')
+    assert parse_spec(load_spec_file(good)).env == {"A": "1"}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("command = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_spec_file(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_spec_file(tmp_path / "missing.json")
+
+
+def test_state_table() -> None:
+    check(JobState.QUEUED, JobState.STARTING)
+    check(JobState.RUNNING, JobState.PREEMPTED)
+    check(JobState.PREEMPTED, JobState.QUEUED)
+    for final in (JobState.SUCCEEDED, JobState.CANCELLED):
+        assert TRANSITIONS[final] == frozenset()
+    with pytest.raises(TransitionError, match="queued -> running"):
+        check(JobState.QUEUED, JobState.RUNNING)
+    with pytest.raises(TransitionError):
+        check(JobState.SUCCEEDED, JobState.QUEUED)
+    # every state is reachable from queued, and every non-final state can move on
+    seen, todo = {JobState.QUEUED}, [JobState.QUEUED]
+    while todo:
+        for nxt in TRANSITIONS[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    assert seen == set(JobState)
+    assert all(TRANSITIONS[s] for s in JobState if s not in FINAL)
