@@ -11,10 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import SLEEPER, Pod, python_job, wait_for
 
 from deskpod.errors import AuthError, ConfigError, NotFoundError, UsageError
 from deskpod.jobs.client import PodClient, read_token
+from tests.jobs.pods import SLEEPER, Pod, python_job, wait_for
 
 
 def wait_state(client: PodClient, job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:

@@ -1,0 +1,167 @@
+"""Helpers for the tests: a real pod service on 127.0.0.1: ``python -m deskpod up --port P --home TMP``.
+
+Every daemon and every job process a test starts is stopped at teardown: the daemon by
+``POST /v1/shutdown`` with ``stop_jobs`` (or SIGKILL), leftover job process groups by SIGKILL after
+checking their pid and start time in the daemon's store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deskpod.jobs.client import PodClient
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@dataclass
+class Pod:
+    home: Path
+    port: int
+    env: dict[str, str]
+    args: tuple[str, ...]
+    proc: subprocess.Popen[bytes] | None = None
+    token: str = ""
+    clients: list[PodClient] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Pod:
+        out = open(self.home / "daemon.out", "ab")  # noqa: SIM115 - the daemon writes it for its life
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deskpod", "up", "--port", str(self.port), "--home", str(self.home), *self.args],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        out.close()
+        probe = PodClient(self.url, None, timeout=2)
+
+        def healthy() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited: {(self.home / 'daemon.out').read_text()}")
+            try:
+                probe.health()
+                return True
+            except Exception:
+                return False
+
+        try:
+            wait_for(healthy, 60, "the daemon to answer /health")
+        finally:
+            probe.close()
+        self.token = (self.home / "token").read_text().strip()
+        return self
+
+    def client(self, token: str | None = None) -> PodClient:
+        c = PodClient(self.url, token or self.token)
+        self.clients.append(c)
+        return c
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (not its jobs)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def cli(self, *argv: str, token_file: Path | None = None, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        env = dict(self.env, DESKPOD_URL=self.url, DESKPOD_TOKEN_FILE=str(token_file or self.home / "token"))
+        return subprocess.run(
+            [sys.executable, "-m", "deskpod", *argv], env=env, capture_output=True, text=True, input=stdin, timeout=60
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(Exception), PodClient(self.url, self.token, timeout=5) as c:
+                c.shutdown(stop_jobs=True)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for c in self.clients:
+            c.close()
+        kill_leftover_jobs(self.home)
+
+
+def kill_leftover_jobs(home: Path) -> None:
+    """SIGKILL every job process group the store still knows, if the pid is still that job."""
+    from deskpod.jobs.supervisor import alive
+
+    db = home / "pod.db"
+    if not db.exists():
+        return
+    con = sqlite3.connect(str(db))
+    try:
+        rows = con.execute("SELECT pid, pid_start FROM jobs WHERE pid IS NOT NULL").fetchall()
+    finally:
+        con.close()
+    for pid, started in rows:
+        if alive(pid, started):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+class Pods:
+    """Starts pods under one folder and stops them all."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.made: list[Pod] = []
+
+    def __call__(self, *args: str, home: Path | None = None, port: int | None = None) -> Pod:
+        h = home or self.root / f"home{len(self.made)}"
+        h.mkdir(exist_ok=True)
+        env = dict(os.environ, DESKPOD_TOKEN_FILE=str(h / "token"))
+        env.pop("DESKPOD_URL", None)
+        pod = Pod(h, port or free_port(), env, ("--grace", "2", *args))
+        self.made.append(pod)
+        return pod.start()
+
+    def stop_all(self) -> None:
+        for pod in self.made:
+            pod.stop()
+
+
+def python_job(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+# A job that ignores nothing: it prints, then sleeps until SIGTERM, which it handles by writing a marker.
+SLEEPER = """
+import os, signal, sys, time
+def bye(*_):
+    print("got SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, bye)
+print("started", os.environ.get("DESKPOD_CPU_SLOTS"), os.environ.get("MASTER_PORT"), flush=True)
+time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 600)
+print("finished", flush=True)
+"""
