@@ -35,6 +35,7 @@ a copy ~90 % of memory bandwidth on a healthy H200 (issue 3), so half of spec is
 STRAGGLER_FRACTION = 0.5
 """A CPU slot slower than this fraction of the median slot warns."""
 ALLREDUCE_ELEMENTS = 1 << 18
+ALLREDUCE_REPS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,15 +208,17 @@ def _worker(rank: int, world: int, port: int, kind: str, threads: int, seconds: 
         dist.all_reduce(t)  # warm-up and correctness: sum over ranks of (rank+1) * i, exact in fp32
         expected = i * (world * (world + 1) // 2)
         wrong = int((t != expected).sum().item())
-        reps, start = 0, time.perf_counter()
-        while reps < 3 or time.perf_counter() - start < seconds / 2:
+        # Every rank must run the same number of collectives, so the count is fixed, not timed.
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(ALLREDUCE_REPS):
             dist.all_reduce(t)
-            reps += 1
         _sync(torch, device)
         elapsed = time.perf_counter() - start
         # nccl-tests bus bandwidth for all-reduce: algbw * 2 (n-1) / n.
-        busbw = t.numel() * 4 * reps / elapsed / 1e9 * 2 * (world - 1) / world
+        busbw = t.numel() * 4 * ALLREDUCE_REPS / elapsed / 1e9 * 2 * (world - 1) / world
         out["allreduce"] = (busbw, wrong)
+        dist.barrier()
         dist.destroy_process_group()
     except Exception as e:  # reported as a failed check, never swallowed
         out["error"] = f"{type(e).__name__}: {e}"

@@ -39,7 +39,7 @@ _MULTIWORD = (
     (re.compile(r"gpu\s+numa\s+id", re.I), "GPU_NUMA_ID"),
 )
 _AFFINITY_COLUMNS = ("CPU_Affinity", "NUMA_Affinity", "GPU_NUMA_ID")
-_LINK = re.compile(r"^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC)$", re.I)
+_LINK = re.compile(r"^(X|NV[1-9]\d*|PIX|PXB|PHB|NODE|SYS|SOC)$", re.I)
 _GPU = re.compile(r"^GPU(\d+)$", re.I)
 _NIC_LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$", re.I)
 _AFFINITY_VALUE = re.compile(r"^([\d,\-]+|N/A)$", re.I)
