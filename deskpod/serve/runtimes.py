@@ -35,6 +35,8 @@ class OnnxRuntime:
             opts.intra_op_num_threads = config.threads
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Idle intra-op threads spin by default; on shared cores that steals the CPU the HTTP loop needs.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
         available = ort.get_available_providers()
         wanted = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]

@@ -330,7 +330,8 @@ class HttpConnection(asyncio.Protocol):
             method, target, headers, start, length = self.head
             if len(self.buf) < start + length:
                 return
-            body = bytes(self.buf[start : start + length])
+            with memoryview(self.buf) as view:
+                body = bytes(view[start : start + length])  # one copy, not two
             del self.buf[: start + length]
             self.head = None
             if self.transport is not None and len(self.buf) < 65536:

@@ -1,0 +1,357 @@
+"""deskpod serve vs the real Triton Inference Server 2.51, side by side in one run, on this machine.
+
+    .venv/bin/python benchmarks/serve_vs_triton.py            # everything (builds Triton's venv on first use)
+    .venv/bin/python benchmarks/serve_vs_triton.py --no-triton  # deskpod-only targets
+
+Both servers serve the same ONNX files (ResNet-18 at 224x224, random init; a small MLP 784-512-512-10), with the
+same batching settings (max batch 32, the same queue delay, 1 instance, the same ONNX Runtime threads). Triton
+runs them through its Python backend (``execute`` calls ONNX Runtime on the whole batch Triton hands it) with its
+own dynamic batcher — the recipe of docs/shared serving.md; its venv lives in /tmp, never in the repository.
+One load generator (deskpod.serve.loadgen, a separate process, binary tensors) drives both, closed loop.
+Every server's first answer is checked against a direct ONNX Runtime call before anything is timed.
+
+Measured, as ratios within this one run (the 2 cores are shared, absolute numbers drift):
+  * throughput at concurrency 1 and 32, deskpod / Triton, with each side's p99;
+  * MLP: dynamic batching (max batch 32) vs batch-1 serving at 32 clients, on deskpod;
+  * MLP: server overhead at batch 1 = deskpod p50 at concurrency 1 - direct ORT p50 in one process;
+  * MLP: 1,000 concurrent connections: only explicit overload answers, server memory before/after.
+Prints a table and JSON; writes JSON to --out when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TRITON_HOME = Path("/tmp/deskpod-triton")
+MODELS = {"mlp": (1, 28, 28), "resnet18": (3, 224, 224)}
+
+TRITON_MODEL_PY = """
+import json, os, sys
+sys.path.insert(0, SITE)  # the stub does not always honour PYTHONPATH
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = THREADS
+        opts.inter_op_num_threads = 1
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as deskpod does
+        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+    def execute(self, requests):
+        xs = [pb_utils.get_input_tensor_by_name(r, "input").as_numpy() for r in requests]
+        y = self.session.run(["logits"], {"input": np.concatenate(xs) if len(xs) > 1 else xs[0]})[0]
+        out, i = [], 0
+        for x in xs:
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("logits", y[i : i + len(x)])]))
+            i += len(x)
+        return out
+"""
+
+TRITON_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: {max_batch}
+input [{{ name: "input" data_type: TYPE_FP32 dims: [{dims}] }}]
+output [{{ name: "logits" data_type: TYPE_FP32 dims: [{out}] }}]
+dynamic_batching {{ max_queue_delay_microseconds: {delay} }}
+instance_group [{{ count: {instances} kind: KIND_CPU }}]
+"""
+
+
+def build_models(work: Path, threads: int, delay_us: int, site: str) -> dict[str, Path]:
+    """ONNX files into a deskpod repository (via deskpod export) and a Triton repository."""
+    import torch
+    import torchvision
+
+    from deskpod.serve.export import ExportOptions, export_model
+    from deskpod.serve.repository import read_config, write_config
+
+    torch.manual_seed(0)
+    nets = {
+        "mlp": torch.nn.Sequential(
+            torch.nn.Flatten(),
+            torch.nn.Linear(784, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 512),
+            torch.nn.ReLU(),
+            torch.nn.Linear(512, 10),
+        ),
+        "resnet18": torchvision.models.resnet18(num_classes=1000),
+    }
+    repo, trepo = work / "deskpod", work / "triton"
+    for name, net in nets.items():
+        opts = ExportOptions(repo=repo, name=name, max_batch_size=32, max_queue_delay_us=delay_us, threads=threads)
+        export_model(net, MODELS[name], opts)
+        cfg = read_config(repo / name)
+        write_config(repo / name, replace(cfg, max_queue_size=1024))
+        # batch-1 serving of the same file: the reference for the batching gain
+        b1 = repo / f"{name}_b1"
+        shutil.copytree(repo / name, b1)
+        write_config(b1, replace(cfg, name=f"{name}_b1", max_batch_size=1, max_queue_size=1024))
+        tdir = trepo / name
+        (tdir / "1").mkdir(parents=True)
+        shutil.copy(repo / name / "1" / "model.onnx", tdir / "1" / "model.onnx")
+        (tdir / "1" / "model.py").write_text(
+            TRITON_MODEL_PY.replace("THREADS", str(threads)).replace("SITE", repr(site))
+        )
+        (tdir / "config.pbtxt").write_text(
+            TRITON_CONFIG.format(
+                name=name,
+                max_batch=32,
+                dims=", ".join(map(str, MODELS[name])),
+                out=cfg.outputs[0].dims[0],
+                delay=delay_us,
+                instances=1,
+            )
+        )
+    return {"deskpod": repo, "triton": trepo}
+
+
+def triton_env() -> tuple[Path, dict[str, str]]:
+    """Build (once) Triton's venv per docs/shared serving.md; returns the tritonserver binary and its env."""
+    venv = TRITON_HOME / "venv"
+    if not (venv / "bin" / "python").exists():
+        TRITON_HOME.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", "nvidia-pytriton", "onnxruntime", "numpy<2"], check=True
+        )
+    site = Path(
+        subprocess.check_output(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
+    ts = site / "pytriton" / "tritonserver"
+    stub = ts / "backends" / "python" / "triton_python_backend_stub"
+    if not stub.exists():
+        shutil.copy(ts / "python_backend_stubs" / "3.11" / "triton_python_backend_stub", stub)
+    libpython = subprocess.check_output(
+        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"], text=True
+    ).strip()
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = f"{site / 'nvidia_pytriton.libs'}:{libpython}:{env.get('LD_LIBRARY_PATH', '')}"
+    env["PYTHONPATH"] = str(site)
+    return ts / "bin" / "tritonserver", env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} not ready after {timeout} s")
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 40) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_deskpod(repo: Path, models: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "deskpod", "serve", str(repo), "--port", str(port), "--models", ",".join(models)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    wait_ready(port, proc, "deskpod serve")
+    return proc, port
+
+
+def start_triton(repo: Path, models: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    binary, env = triton_env()
+    port, gport, mport = free_port(), free_port(), free_port()
+    cmd = [
+        str(binary), f"--model-repository={repo}", f"--backend-directory={binary.parent.parent / 'backends'}",
+        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+        "--http-port", str(port), "--grpc-port", str(gport), "--metrics-port", str(mport), "--allow-gpu-metrics", "false",
+        "--model-control-mode", "explicit", *[f"--load-model={m}" for m in models], "--log-error", "false",
+    ]  # fmt: skip
+    log = open(TRITON_HOME / "tritonserver.log", "wb")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    wait_ready(port, proc, "tritonserver")
+    return proc, port
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load(port: int, model: str, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+    """Run one closed-loop level in a separate load-generator process; checks the first answer."""
+    out = subprocess.check_output(
+        [sys.executable, __file__, "--_load", json.dumps([port, model, concurrency, duration, warmup])], cwd=ROOT
+    )
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def _load_main(arg: str) -> None:
+    import asyncio
+
+    from deskpod.serve.loadgen import LoadSpec, check, closed_loop
+
+    port, model, concurrency, duration, warmup = json.loads(arg)
+    base = model.removesuffix("_b1")
+    x = np.random.default_rng(0).random((1, *MODELS[base]), dtype=np.float32)
+    spec = LoadSpec(
+        port=port, model=model, inputs={"input": x}, duration_s=duration, warmup_s=warmup, max_connections=2000
+    )
+
+    async def main() -> dict[str, Any]:
+        got = (await check(spec))["logits"]
+        ref = np.load(os.environ["DESKPOD_BENCH_REF"] + f"/{base}.npy")
+        if not np.allclose(got, ref, rtol=1e-3, atol=1e-4):
+            raise SystemExit(f"WRONG ANSWER from {model} on port {port}: max diff {np.abs(got - ref).max()}")
+        return (await closed_loop(spec, concurrency)).as_dict()
+
+    print(json.dumps(asyncio.run(main())))
+
+
+def direct_ort_ms(path: Path, shape: tuple[int, ...], threads: int, n: int = 2000) -> tuple[float, np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
+    for _ in range(50):
+        y = s.run(["logits"], {"input": x})[0]
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        s.run(["logits"], {"input": x})
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts) * 1000), y
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--duration", type=float, default=6.0, help="measured seconds per level")
+    ap.add_argument("--warmup", type=float, default=1.5)
+    ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
+    ap.add_argument("--delay-us", type=int, default=0, help="max queue delay (both servers)")
+    ap.add_argument("--repeats", type=int, default=2, help="alternating repeats of every level")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--_load")
+    args = ap.parse_args()
+    if args._load:
+        _load_main(args._load)
+        return
+    warnings.simplefilter("ignore")
+    work = Path(tempfile.mkdtemp(prefix="deskpod-serve-bench-"))
+    site = "" if args.no_triton else str(triton_env()[1]["PYTHONPATH"])
+    repos = build_models(work, args.threads, args.delay_us, site)
+    refdir = work / "ref"
+    refdir.mkdir()
+    os.environ["DESKPOD_BENCH_REF"] = str(refdir)
+    direct: dict[str, float] = {}
+    for name, shape in MODELS.items():
+        direct[name], y = direct_ort_ms(
+            repos["deskpod"] / name / "1" / "model.onnx", shape, args.threads, 2000 if name == "mlp" else 30
+        )
+        np.save(refdir / f"{name}.npy", y)
+    rows: list[dict[str, Any]] = []
+    d, w = args.duration, args.warmup
+    servers = ["deskpod"] + ([] if args.no_triton else ["triton"])
+    procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+
+    def measure(server: str, model: str, c: int, duration: float, rep: int) -> dict[str, Any]:
+        r = load(procs[server][1], model, c, duration, w)
+        r.update(server=server, model=model, concurrency=c, repeat=rep)
+        rows.append(r)
+        print(
+            f"{server:8} {model:12} c={c:<4} {r['throughput']:8.1f} req/s  p50 {r['p50_ms']:8.2f}  "
+            f"p99 {r['p99_ms']:8.2f} ms  errors {r['errors']}",
+            flush=True,
+        )
+        return r
+
+    try:
+        # Both servers stay up (an idle server costs next to nothing); levels alternate between them and repeat,
+        # so drift in the machine's background load hits both alike.
+        procs["deskpod"] = start_deskpod(repos["deskpod"], ["mlp", "resnet18", "mlp_b1", "resnet18_b1"])
+        if "triton" in servers:
+            procs["triton"] = start_triton(repos["triton"], ["mlp", "resnet18"])
+        for rep in range(args.repeats):
+            for model in ("mlp", "resnet18"):
+                for c in (1, 32):
+                    for server in servers if rep % 2 == 0 else servers[::-1]:
+                        measure(server, model, c, d if model == "mlp" else d * 1.5, rep)
+                measure("deskpod", f"{model}_b1", 32, d if model == "mlp" else d * 1.5, rep)
+        pid = procs["deskpod"][0].pid
+        before = rss_mb(pid)
+        r = measure("deskpod", "mlp", 1000, 3.0, 0)
+        r.update(rss_before_mb=before, rss_after_mb=rss_mb(pid))
+        print(f"deskpod RSS {before:.0f} -> {r['rss_after_mb']:.0f} MB around 1000 connections", flush=True)
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
+
+    def get(server: str, model: str, c: int) -> dict[str, Any]:
+        """The median-throughput repeat of one level (its own p99 with it)."""
+        rs = sorted((r for r in rows if r["server"] == server and r["model"] == model and r["concurrency"] == c),
+                    key=lambda r: r["throughput"])  # fmt: skip
+        return rs[(len(rs) - 1) // 2]
+
+    summary: dict[str, Any] = {"direct_ort_p50_ms": direct}
+    mlp1 = get("deskpod", "mlp", 1)
+    summary["mlp_overhead_ms"] = mlp1["p50_ms"] - direct["mlp"]
+    summary["mlp_batching_gain_c32"] = (
+        get("deskpod", "mlp", 32)["throughput"] / get("deskpod", "mlp_b1", 32)["throughput"]
+    )
+    summary["resnet18_batching_gain_c32"] = (
+        get("deskpod", "resnet18", 32)["throughput"] / get("deskpod", "resnet18_b1", 32)["throughput"]
+    )
+    if "triton" in servers:
+        for model in ("mlp", "resnet18"):
+            for c in (1, 32):
+                dk, tr = get("deskpod", model, c), get("triton", model, c)
+                summary[f"{model}_c{c}_throughput_ratio"] = dk["throughput"] / tr["throughput"]
+                summary[f"{model}_c{c}_p99_ms"] = {"deskpod": dk["p99_ms"], "triton": tr["p99_ms"]}
+    print(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
