@@ -8,8 +8,9 @@ The pod service calls `place` for every job. The choice, in order of what matter
 2. **Internal bandwidth** — the sum over all pairs in the set: a fully connected quad beats a
    4-ring with the same bottleneck (trees and all-to-all use every pair).
 3. **What is left** — the least NVLink bandwidth cut between the set and the devices that stay
-   free, then the least bandwidth of any kind: a 1-GPU job goes where it breaks no two-link pair,
-   a 2-GPU job takes a pair whose partners stay paired.
+   free, then the least bandwidth of any kind, then the fewest close paths cut: a 1-GPU job goes where
+   it breaks no two-link pair (or no PCIe pair behind one switch), a 2-GPU job takes a pair whose
+   partners stay paired.
 4. The lowest device indices.
 
 Policies: ``best`` also insists on an NVLink ring when the machine could ever give one for k
@@ -93,6 +94,8 @@ class _Tables:
         self.bw = [[topo.links[a][b].bandwidth for b in range(n)] for a in range(n)]
         self.rank = [[topo.links[a][b].rank for b in range(n)] for a in range(n)]
         self.fast = [[a != b and topo.links[a][b].fast for b in range(n)] for a in range(n)]
+        # Closeness weight of a path class: one closer path outweighs up to 15 farther ones.
+        self.close = [[0 if a == b else 16 ** (5 - self.rank[a][b]) for b in range(n)] for a in range(n)]
         self.fast_mask = [sum(1 << b for b in range(n) if self.fast[a][b]) for a in range(n)]
         self.uniform = len(self.levels) <= 1
         nvlink_levels = [
@@ -348,10 +351,12 @@ def _choose(
     free_devices = _bits(free_mask)
     deg = [0.0] * t.n
     deg_fast = [0.0] * t.n
+    deg_close = [0] * t.n
     for v in free_devices:
         for u in free_devices:
             if u != v:
                 deg[v] += t.bw[v][u]
+                deg_close[v] += t.close[v][u]
                 if t.fast[v][u]:
                     deg_fast[v] += t.bw[v][u]
     if t.by_size:
@@ -366,10 +371,14 @@ def _choose(
         internal, internal_rank = t.internal_of(m)
         members = _bits(m)
         cut = sum(deg[v] for v in members) - 2 * internal
-        cut_fast = sum(deg_fast[v] for v in members) - 2 * sum(
-            t.bw[a][b] for a, b in itertools.combinations(members, 2) if t.fast[a][b]
-        )
-        key = (ring, extra, round(internal, 6), -internal_rank, -round(cut_fast, 6), -round(cut, 6))
+        inner_fast, inner_close = 0.0, 0
+        for a, b in itertools.combinations(members, 2):
+            inner_close += t.close[a][b]
+            if t.fast[a][b]:
+                inner_fast += t.bw[a][b]
+        cut_fast = sum(deg_fast[v] for v in members) - 2 * inner_fast
+        cut_close = sum(deg_close[v] for v in members) - 2 * inner_close
+        key = (ring, extra, round(internal, 6), -internal_rank, -round(cut_fast, 6), -round(cut, 6), -cut_close)
         if best is None or key > best[0]:
             best = (key, m)
     return best
@@ -411,26 +420,20 @@ def _placement(topology: Topology, t: _Tables, chosen: int, free_mask: int, pref
 
 def _single_reason(topology: Topology, t: _Tables, d: int, free_mask: int) -> str:
     noun = _noun(topology, 1)
-    if t.uniform or not topology.has_nvlink:
-        return (
-            f"one {noun} ({d}); every free {noun} is equally placed"
-            if t.uniform
-            else f"one {noun} ({d}); leaves the best-linked free {noun}s together"
-        )
-    rest = free_mask & ~(1 << d)
-    top = max((t.level[a][b] for a in _bits(free_mask) for b in _bits(free_mask) if a < b), default=-1)
-    if top < 0:
-        return f"one {noun} ({d})"
-    token = topology.links[0][0].token
-    for a in range(t.n):
-        for b in range(t.n):
-            if a != b and t.level[a][b] == top:
-                token = topology.links[a][b].token
-    before = sum(1 for a in _bits(free_mask) for b in _bits(free_mask) if a < b and t.level[a][b] == top)
-    after = sum(1 for a in _bits(rest) for b in _bits(rest) if a < b and t.level[a][b] == top)
-    if after == before:
+    free = _bits(free_mask)
+    if t.uniform:
+        return f"one {noun} ({d}); every free {noun} is equally placed"
+    pairs = [(a, b) for a, b in itertools.combinations(free, 2)]
+    if not pairs:
+        return f"one {noun} ({d}); the only free {noun}"
+    top = max(t.level[a][b] for a, b in pairs)
+    a0, b0 = next((a, b) for a, b in pairs if t.level[a][b] == top)
+    token = topology.links[a0][b0].token
+    broken = sum(1 for a, b in pairs if t.level[a][b] == top and d in (a, b))
+    if not broken:
         return f"one {noun} ({d}); leaves the free {token} pairs whole"
-    return f"one {noun} ({d}); breaks the fewest free {token} links (no choice keeps them all)"
+    plural = "s" if broken != 1 else ""
+    return f"one {noun} ({d}); breaks {broken} free {token} pair{plural} (chosen to lose the least link bandwidth)"
 
 
 def _set_reason(topology: Topology, t: _Tables, devices: Sequence[int], bw: float, rank: int) -> str:

@@ -110,6 +110,8 @@ def test_pcie_only_server_prefers_the_nearest_path() -> None:
     assert placed(place(t, {0, 2, 4, 5}, 2)).devices == (4, 5)
     p4 = placed(place(t, ALL8, 4))
     assert p4.devices == (0, 1, 2, 3) and "PIX to PXB" in p4.reason  # stays on one socket
+    one = placed(place(t, {0, 1, 2, 4, 5}, 1))  # GPU 2 is alone behind its switch
+    assert one.devices == (2,) and one.reason == "one GPU (2); leaves the free PIX pairs whole"
     p_far = placed(place(t, {0, 4}, 2))  # no NVLink anywhere: best takes what there is
     assert p_far.devices == (0, 4) and "SYS" in p_far.reason
 
@@ -174,3 +176,27 @@ def test_pack_matches_a_brute_force_best_ring(name: str) -> None:
         best = max(_brute_ring(t, c) for c in itertools.combinations(free, k))
         assert _brute_ring(t, p.devices) == best and p.ring_bandwidth == best[0], (free, k, p)
         assert set(p.devices) <= set(free)
+
+
+def test_machines_too_big_for_tables_use_the_exact_per_set_search() -> None:
+    from deskpod.hardware.topology import DeviceInfo, build_links, link_model_for
+
+    n = 14  # two sockets of 7 GPUs: PIX pairs, PXB inside a socket, SYS across
+
+    def token(a: int, b: int) -> str:
+        if a == b:
+            return "X"
+        if a // 7 != b // 7:
+            return "SYS"
+        return "PIX" if a // 2 == b // 2 else "PXB"
+
+    links, _ = build_links([[token(a, b) for b in range(n)] for a in range(n)], link_model_for("V100"))
+    t = Topology("big", tuple(DeviceInfo(i, f"GPU{i}") for i in range(n)), links)
+    p = placed(place(t, range(n), 2))
+    assert p.devices == (0, 1) and "PIX" in p.reason
+    assert placed(place(t, {0, 2, 8, 9}, 2)).devices == (8, 9)
+    p4 = placed(place(t, {0, 1, 5, 7, 8, 9, 10}, 4))
+    assert set(p4.devices) <= {7, 8, 9, 10, 0, 1, 5} and _brute_ring(t, p4.devices) == max(
+        _brute_ring(t, c) for c in itertools.combinations((0, 1, 5, 7, 8, 9, 10), 4)
+    )
+    assert p4.devices == (7, 8, 9, 10)  # stays on one socket
