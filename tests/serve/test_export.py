@@ -1,0 +1,43 @@
+"""Export: a run folder (through deskpod.train.runs.load_model) -> a repository version with its spec and labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from deskpod.cli import main
+from deskpod.serve.repository import read_config, versions
+from tests.serve.conftest import make_mlp, torch
+
+
+def test_export_run_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import deskpod.train.runs as runs
+
+    model = make_mlp()
+    loaded = SimpleNamespace(model=model, model_name="mlp", input_shape=(2, 4, 4), class_names=["x", "y", "z"],
+                             mean=(0.1, 0.2), std=(0.5, 0.25))  # fmt: skip
+    monkeypatch.setattr(runs, "load_model", lambda run_dir: loaded)
+    run = tmp_path / "runs" / "t1"
+    run.mkdir(parents=True)
+    repo = tmp_path / "models"
+    for _ in range(2):
+        assert main(["export", str(run), "--repo", str(repo), "--max-batch-size", "8"]) == 0
+    cfg = read_config(repo / "t1")
+    assert versions(repo / "t1") == [1, 2]
+    assert cfg.labels == ("x", "y", "z") and cfg.max_batch_size == 8 and cfg.inputs[0].dims == (2, 4, 4)
+    import onnxruntime as ort
+
+    x = np.random.default_rng(0).random((3, 2, 4, 4), dtype=np.float32)
+    got = ort.InferenceSession(str(repo / "t1" / "2" / "model.onnx")).run(None, {"input": x})[0]
+    mean, std = torch.tensor([0.1, 0.2]).view(1, 2, 1, 1), torch.tensor([0.5, 0.25]).view(1, 2, 1, 1)
+    with torch.no_grad():
+        want = model((torch.from_numpy(x) - mean) / std).numpy()  # type: ignore[operator]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_export_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(tmp_path / "missing"), "--repo", str(tmp_path)]) == 2
+    assert "does not exist" in capsys.readouterr().err
