@@ -41,6 +41,7 @@ class TopologyQuery(Protocol):
     def name(self, i: int) -> str: ...
     def memory_bytes(self, i: int) -> int: ...
     def bus_id(self, i: int) -> str: ...
+    def uuid(self, i: int) -> str: ...
     def compute_capability(self, i: int) -> str: ...
     def nvlink_remotes(self, i: int) -> list[str]:
         """PCI bus id at the far end of each *active* NVLink of GPU ``i`` (one entry per link)."""
@@ -102,6 +103,9 @@ class NvmlTopologyQuery:
     def bus_id(self, i: int) -> str:
         return self._text(self._nvml.nvmlDeviceGetPciInfo(self._handles[i]).busId)
 
+    def uuid(self, i: int) -> str:
+        return self._text(self._nvml.nvmlDeviceGetUUID(self._handles[i]))
+
     def compute_capability(self, i: int) -> str:
         major, minor = self._nvml.nvmlDeviceGetCudaComputeCapability(self._handles[i])
         return f"{major}.{minor}"
@@ -139,20 +143,26 @@ class NvmlTopologyQuery:
         return None
 
 
-def topology_from_query(query: TopologyQuery, name: str = "local") -> Topology:
-    """Build a `Topology` from NVML facts (or a fake that answers the same questions)."""
-    n = query.count()
-    buses = [_norm_bus(query.bus_id(i)) for i in range(n)]
+def topology_from_query(query: TopologyQuery, name: str = "local", visible: Sequence[int] | None = None) -> Topology:
+    """Build a `Topology` from NVML facts (or a fake that answers the same questions).
+
+    ``visible`` lists the physical GPUs this process sees (``CUDA_VISIBLE_DEVICES`` order); device
+    ``k`` of the topology is ``visible[k]``, matching `deskpod.hardware.devices.discover`.
+    """
+    physical = list(range(query.count())) if visible is None else list(visible)
+    n = len(physical)
+    buses = [_norm_bus(query.bus_id(p)) for p in physical]
+    all_buses = {_norm_bus(query.bus_id(p)) for p in range(query.count())}
     gpu_of = {b: i for i, b in enumerate(buses)}
     pair_links = [[0] * n for _ in range(n)]
     fabric_links = [0] * n
-    for i in range(n):
-        for remote, count in Counter(_norm_bus(r) for r in query.nvlink_remotes(i)).items():
+    for i, p in enumerate(physical):
+        for remote, count in Counter(_norm_bus(r) for r in query.nvlink_remotes(p)).items():
             j = gpu_of.get(remote)
-            if j is None:
-                fabric_links[i] += count  # the far end is not a GPU: an NVSwitch
-            elif j != i:
+            if j is not None and j != i:
                 pair_links[i][j] += count
+            elif remote not in all_buses:
+                fabric_links[i] += count  # the far end is not a GPU: an NVSwitch
     tokens = [["X"] * n for _ in range(n)]
     for i in range(n):
         for j in range(n):
@@ -163,9 +173,9 @@ def topology_from_query(query: TopologyQuery, name: str = "local") -> Topology:
             elif pair_links[i][j]:
                 tokens[i][j] = f"NV{min(pair_links[i][j], pair_links[j][i]) or pair_links[i][j]}"
             else:
-                level = query.common_ancestor(min(i, j), max(i, j))
+                level = query.common_ancestor(physical[min(i, j)], physical[max(i, j)])
                 tokens[i][j] = ANCESTOR_PATH.get(level, "SYS")
-    names = [query.name(i) for i in range(n)]
+    names = [query.name(p) for p in physical]
     try:
         model = link_model_for(names[0])
     except Exception:
@@ -177,12 +187,12 @@ def topology_from_query(query: TopologyQuery, name: str = "local") -> Topology:
             i,
             f"GPU{i}",
             model=names[i],
-            memory_gb=round(query.memory_bytes(i) / 1e9, 1),
-            compute_capability=query.compute_capability(i),
-            numa_node=query.numa_node(i),
-            cpu_affinity=query.cpu_affinity(i),
+            memory_gb=round(query.memory_bytes(p) / 1e9, 1),
+            compute_capability=query.compute_capability(p),
+            numa_node=query.numa_node(p),
+            cpu_affinity=query.cpu_affinity(p),
         )
-        for i in range(n)
+        for i, p in enumerate(physical)
     )
     return Topology(name, devices, links, kind="cuda", link_model=model, fabric=fabric, source="nvml")
 
@@ -197,11 +207,15 @@ def _open_query() -> TopologyQuery | None:
 
 def local_topology(query: TopologyQuery | None = None) -> Topology:
     """This box: live via NVML when GPUs are present, else its CPU worker slots (all pairs shared memory)."""
-    from deskpod.hardware.devices import discover
+    from deskpod.environment import Environment
+    from deskpod.hardware.devices import _visible, discover
 
     query = query or _open_query()
     if query is not None:
-        return topology_from_query(query)
+        uuids = [query.uuid(p) for p in range(query.count())]
+        visible = _visible(query.count(), uuids, Environment.read().cuda_visible_devices)
+        if visible:
+            return topology_from_query(query, visible=visible)
     inventory = discover(use_nvml=False)
     if inventory.kind == "cuda":
         # GPUs seen by torch without NVML: links unknown, assume PCIe through the host bridge.

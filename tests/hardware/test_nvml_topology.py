@@ -32,6 +32,9 @@ class FakeQuery:
     def bus_id(self, i: int) -> str:
         return f"00000000:{0x10 + i:02x}:00.0"
 
+    def uuid(self, i: int) -> str:
+        return f"GPU-{i:08d}-fake"
+
     def compute_capability(self, i: int) -> str:
         return "7.0"
 
@@ -69,6 +72,16 @@ def test_nvml_nvswitch_links_become_a_fabric() -> None:
     live = topology_from_query(FakeQuery(cells, "NVIDIA H200", switch_links=18))
     assert live.fabric is not None and live.fabric.links_per_gpu == 18
     assert live.link(0, 7).token == "NV18" and live.link_bandwidth(0, 7) == 450.0
+
+
+def test_nvml_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = read_topo_matrix(REFERENCE / "dgx1-v100.txt")
+    fake = FakeQuery(m.gpu_cells, "Tesla V100-SXM2-32GB")
+    half = topology_from_query(fake, visible=[4, 5, 6, 7])
+    assert half.device_count == 4 and half.link(0, 3).token == "NV2" and half.link(0, 1).token == "NV1"  # GPUs 4-7, 4-5
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    t = local_topology(fake)
+    assert t.device_count == 2 and t.link(0, 1).token == "NV2" and t.devices[0].cpu_affinity == "0-19,40-59"
 
 
 def test_local_topology_without_gpu_is_cpu_slots() -> None:
