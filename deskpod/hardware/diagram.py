@@ -70,6 +70,7 @@ def render_png(topology: Topology, path: str | Path) -> Path:
                 )
             elif lk.kind == "pcie" and lk.token in ("PIX", "PXB"):
                 ax.plot([xa, xb], [ya, yb], color="#888888", linewidth=0.8, linestyle="--", zorder=0)
+                ax.text((xa + xb) / 2, (ya + yb) / 2, lk.token, fontsize=6, ha="center", va="center", color="#666666")
             elif lk.kind == "shm" and n <= 16:
                 ax.plot([xa, xb], [ya, yb], color="#9ab", linewidth=0.6, zorder=0)
     for i, (x, y) in enumerate(pos):
@@ -97,6 +98,14 @@ def render_png(topology: Topology, path: str | Path) -> Path:
                 ax.plot([nx, pos[i][0]], [ny, pos[i][1]], color="#5b8fd9", linewidth=0.6, linestyle=":", zorder=0)
     if far:
         ax.text(0, -1.75, "NICs near no GPU: " + ", ".join(far), ha="center", fontsize=7, color="#335")
+    ax.text(
+        0,
+        1.72,
+        "solid: NVLink (width = links)   dashed: PCIe inside a switch tree (PIX, PXB)   dotted: nearest NIC",
+        ha="center",
+        fontsize=7,
+        color="#555555",
+    )
     ax.set_xlim(-1.8, 1.8)
     ax.set_ylim(-1.8, 1.8)
     ax.set_title(title, fontsize=10)

@@ -134,3 +134,21 @@ def test_malformed_rows() -> None:
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="cannot read topology file"):
         read_topo_matrix(tmp_path / "missing.txt")
+
+
+def test_single_gpu_box_with_crlf_line_ends() -> None:
+    text = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\r\nGPU0\t X \t0-71\t1\t\t4\r\n\r\nLegend:\r\n\r\n  X    = Self\r\n"
+    t = matrix_to_topology(parse_topo_matrix(text), "one")
+    assert t.device_count == 1 and t.devices[0].cpu_affinity == "0-71" and t.devices[0].numa_node == 1
+
+
+def test_pcie_box_all_sys_with_blank_columns() -> None:
+    rows = ["\tGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"]
+    for i in range(4):
+        cells = ["X" if i == j else "SYS" for j in range(4)] + ["PHB" if i == 3 else "SYS"]
+        cpus = "0-55,112-167\t0" if i < 2 else "56-111,168-223\t1"
+        rows.append(f"GPU{i}\t" + "\t".join(f" {c} " if c == "X" else c for c in cells) + f"\t{cpus}\t\tN/A")
+    rows.append("NIC0\tSYS\tSYS\tSYS\tPHB\t X ")
+    t = matrix_to_topology(parse_topo_matrix("\n".join(rows) + "\n"), "sys4")
+    assert all(t.link(a, b).token == "SYS" for a in range(4) for b in range(4) if a != b)
+    assert t.nearest_nics(3) == ("NIC0",) and t.partition("numa") == ((0, 1), (2, 3))
