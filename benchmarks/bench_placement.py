@@ -90,10 +90,19 @@ def reference(t: Topology, free: tuple[int, ...], k: int, policy: str) -> tuple[
         cut = sum(t.link_bandwidth(a, b) for a in c for b in rest)
         cut_fast = sum(t.link_bandwidth(a, b) for a in c for b in rest if t.link(a, b).kind in fast)
         cut_close = sum(16 ** (5 - t.link(a, b).rank) for a in c for b in rest)
-        key = (ring, round(internal, 6), -internal_rank, -round(cut_fast, 6), -round(cut, 6), -cut_close)
+        left = _largest_nvlink_clique(t, rest) if t.has_nvlink else 0
+        key = (ring, round(internal, 6), -internal_rank, left, -round(cut_fast, 6), -round(cut, 6), -cut_close)
         if best_key is None or key > best_key:  # combinations come in lexicographic order: ties keep the lowest
             best_key, best_set = key, c
     return best_set
+
+
+def _largest_nvlink_clique(t: Topology, devices: list[int]) -> int:
+    for size in range(len(devices), 1, -1):
+        for c in itertools.combinations(devices, size):
+            if all(t.link(a, b).kind in ("nvlink", "nvswitch") for a, b in itertools.combinations(c, 2)):
+                return size
+    return min(len(devices), 1)
 
 
 def _cost(free: int, k: int) -> int:

@@ -7,8 +7,8 @@ The pod service calls `place` for every job. The choice, in order of what matter
    PCIe-only box a pair behind one switch beats a pair across sockets.
 2. **Internal bandwidth** — the sum over all pairs in the set: a fully connected quad beats a
    4-ring with the same bottleneck (trees and all-to-all use every pair).
-3. **What is left** — the least NVLink bandwidth cut between the set and the devices that stay
-   free, then the least bandwidth of any kind, then the fewest close paths cut: a 1-GPU job goes where
+3. **What is left** — the largest NVLink clique among the devices that stay free, then the least
+   NVLink bandwidth cut between the set and them, then the least bandwidth of any kind, then the fewest close paths cut: a 1-GPU job goes where
    it breaks no two-link pair (or no PCIe pair behind one switch), a 2-GPU job takes a pair whose
    partners stay paired.
 4. The lowest device indices.
@@ -94,9 +94,11 @@ class _Tables:
         self.bw = [[topo.links[a][b].bandwidth for b in range(n)] for a in range(n)]
         self.rank = [[topo.links[a][b].rank for b in range(n)] for a in range(n)]
         self.fast = [[a != b and topo.links[a][b].fast for b in range(n)] for a in range(n)]
+        self.nvlink = [[a != b and topo.links[a][b].kind in ("nvlink", "nvswitch") for b in range(n)] for a in range(n)]
         # Closeness weight of a path class: one closer path outweighs up to 15 farther ones.
         self.close = [[0 if a == b else 16 ** (5 - self.rank[a][b]) for b in range(n)] for a in range(n)]
         self.fast_mask = [sum(1 << b for b in range(n) if self.fast[a][b]) for a in range(n)]
+        self.nvlink_mask = [sum(1 << b for b in range(n) if self.nvlink[a][b]) for a in range(n)]
         self.uniform = len(self.levels) <= 1
         nvlink_levels = [
             self.level[a][b]
@@ -109,6 +111,8 @@ class _Tables:
         self.internal: list[float] | None = None
         self.internal_rank: list[int] | None = None
         self.by_size: dict[int, list[int]] = {}
+        self.clique: list[int] | None = None
+        """Largest NVLink clique inside each subset (tables only)."""
         self.best_ring_of_size: dict[int, int] = {}
         if not self.uniform and n <= TABLE_LIMIT:
             self._build_tables()
@@ -157,6 +161,14 @@ class _Tables:
             internal[s_mask] = internal[rest] + add
             internal_rank[s_mask] = internal_rank[rest] + add_rank
         self.ring, self.internal, self.internal_rank = ring, internal, internal_rank
+        nvlink_adj = [sum(1 << b for b in range(n) if self.nvlink[a][b]) for a in range(n)]
+        clique = [0] * size
+        for s_mask in range(1, size):
+            low = s_mask & -s_mask
+            v = low.bit_length() - 1
+            # Either v is left out, or it is in and the rest comes from its NVLink neighbours.
+            clique[s_mask] = max(clique[s_mask ^ low], 1 + clique[s_mask & nvlink_adj[v]])
+        self.clique = clique
         for k in range(1, n + 1):
             masks = [sum(1 << d for d in c) for c in itertools.combinations(range(n), k)]
             self.by_size[k] = masks
@@ -172,6 +184,16 @@ class _Tables:
         if self.uniform:
             return 0
         return _ring_level_dp(devices, self.level)
+
+    def largest_clique(self, mask: int) -> int:
+        """Size of the largest set inside ``mask`` with NVLink between every pair (1 without NVLink)."""
+        if self.clique is not None:
+            return self.clique[mask]
+        if self.nvlink_min is None:
+            return min(mask.bit_count(), 1)
+        if self.uniform:
+            return mask.bit_count()
+        return _largest_clique(self, mask)
 
     def internal_of(self, mask: int) -> tuple[float, int]:
         if self.internal is not None and self.internal_rank is not None:
@@ -378,7 +400,8 @@ def _choose(
                 inner_fast += t.bw[a][b]
         cut_fast = sum(deg_fast[v] for v in members) - 2 * inner_fast
         cut_close = sum(deg_close[v] for v in members) - 2 * inner_close
-        key = (ring, extra, round(internal, 6), -internal_rank, -round(cut_fast, 6), -round(cut, 6), -cut_close)
+        left = t.largest_clique(free_mask & ~m) if t.nvlink_min is not None else 0
+        key = (ring, extra, round(internal, 6), -internal_rank, left, -round(cut_fast, 6), -round(cut, 6), -cut_close)
         if best is None or key > best[0]:
             best = (key, m)
     return best
@@ -401,7 +424,7 @@ def _largest_clique(t: _Tables, free_mask: int) -> int:
             vbit = candidates & -candidates
             candidates ^= vbit
             v = vbit.bit_length() - 1
-            grow(size + 1, candidates & t.fast_mask[v])
+            grow(size + 1, candidates & t.nvlink_mask[v])
         best = max(best, size)
 
     grow(0, free_mask)

@@ -38,6 +38,8 @@ def test_dgx1_v100_two_gpus_get_a_two_link_pair() -> None:
     p = placed(place(DGX1, ALL8, 2))
     assert DGX1.link(*p.devices).token == "NV2" and p.ring_bandwidth == 50.0
     assert p.reason == "two-link NVLink pair (NV2, 50 GB/s per direction)"
+    # Of the NV2 pairs it takes one inside a quad (0-3 or 1-2 …), not 0-4 / 1-5, so the other quad stays whole.
+    assert len({d // 4 for d in p.devices}) == 1
 
 
 def test_dgx1_v100_one_gpu_leaves_two_link_pairs_whole() -> None:
