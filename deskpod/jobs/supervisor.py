@@ -96,6 +96,7 @@ class Supervisor:
                 [
                     sys.executable,
                     "-I",
+                    "-S",
                     str(SHIM),
                     str(files.exit_file(attempt)),
                     str(files.pid_file(attempt)),
