@@ -20,14 +20,17 @@ inside one block of a named partition (``halves``, ``numa`` or one the catalog d
 the block with the fewest free devices so whole blocks stay free.
 
 Speed: per topology, once, tables over every subset of devices (best ring level by a bitmask
-Hamiltonian-cycle DP, internal bandwidth) for machines of up to 12 devices; uniform machines
-(NVSwitch fabrics, CPU slots) need no search. A decision is then a scan of at most C(n, k) subsets.
+Hamiltonian-cycle DP, internal bandwidth, largest NVLink clique) for machines of up to 12 devices;
+uniform machines (NVSwitch fabrics, CPU slots) need no search. A decision is then a scan of at most
+C(n, k) subsets. Bigger machines with mixed links are searched set by set (exhaustively up to
+`SEARCH_LIMIT` sets, greedily beyond; PCIe-only rings are read off the PCIe tree).
 `benchmarks/bench_placement.py` checks the choices against a brute-force search and times both.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +44,8 @@ __all__ = ["POLICIES", "Placement", "Unplaceable", "local_topology", "machine", 
 POLICIES = ("best", "pack", "partition:<name>")
 TABLE_LIMIT = 12
 """Largest non-uniform machine that gets precomputed subset tables (2^n entries)."""
+SEARCH_LIMIT = 2000
+"""Beyond the tables: the most k-subsets searched exhaustively; more than that, a greedy search."""
 
 _PATH_WORDS = {
     "PIX": "behind one switch",
@@ -183,6 +188,10 @@ class _Tables:
             return -1
         if self.uniform:
             return 0
+        if self.nvlink_min is None:
+            # PCIe only: path classes come from one PCIe tree, so a ring can visit each subtree in
+            # turn and its worst hop is the worst pair of the set (the set's diameter in the tree).
+            return min(self.level[a][b] for a, b in itertools.combinations(devices, 2))
         return _ring_level_dp(devices, self.level)
 
     def largest_clique(self, mask: int) -> int:
@@ -383,8 +392,10 @@ def _choose(
                     deg_fast[v] += t.bw[v][u]
     if t.by_size:
         candidates: Sequence[int] = [m for m in t.by_size[k] if m & pool == m]
-    else:
+    elif math.comb(len(pool_devices), k) <= SEARCH_LIMIT:
         candidates = [_mask(c) for c in itertools.combinations(pool_devices, k)]
+    else:
+        candidates = _greedy_candidates(t, pool_devices, k)
     best: tuple[tuple[Any, ...], int] | None = None
     for m in candidates:
         ring = t.ring_level(m) if k >= 2 else -1
@@ -405,6 +416,24 @@ def _choose(
         if best is None or key > best[0]:
             best = (key, m)
     return best
+
+
+def _greedy_candidates(t: _Tables, pool: Sequence[int], k: int) -> list[int]:
+    """One set per seed device, grown by the device with the best worst link to the set so far.
+
+    Only for machines with more than `TABLE_LIMIT` devices of mixed links and a request with more
+    than `SEARCH_LIMIT` possible sets: good sets, not a proof of the best one.
+    """
+    out = []
+    for seed in pool:
+        chosen = [seed]
+        rest = [d for d in pool if d != seed]
+        while len(chosen) < k:
+            d = max(rest, key=lambda u: (min(t.level[u][c] for c in chosen), sum(t.bw[u][c] for c in chosen), -u))
+            chosen.append(d)
+            rest.remove(d)
+        out.append(_mask(chosen))
+    return sorted(set(out), key=lambda m: _bits(m))
 
 
 def _largest_clique(t: _Tables, free_mask: int) -> int:

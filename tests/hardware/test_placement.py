@@ -202,3 +202,21 @@ def test_machines_too_big_for_tables_use_the_exact_per_set_search() -> None:
         _brute_ring(t, c) for c in itertools.combinations((0, 1, 5, 7, 8, 9, 10), 4)
     )
     assert p4.devices == (7, 8, 9, 10)  # stays on one socket
+
+
+def test_a_16_gpu_pcie_box_is_decided_quickly() -> None:
+    from deskpod.hardware.topology import DeviceInfo, build_links, link_model_for
+
+    n = 16  # 2 sockets x 2 switches x 4 GPUs; PIX within a switch, PXB across switches, SYS across sockets
+
+    def token(a: int, b: int) -> str:
+        if a == b:
+            return "X"
+        return "PIX" if a // 4 == b // 4 else "PXB" if a // 8 == b // 8 else "SYS"
+
+    links, _ = build_links([[token(a, b) for b in range(n)] for a in range(n)], link_model_for("V100"))
+    t = Topology("pcie16", tuple(DeviceInfo(i, f"GPU{i}") for i in range(n)), links)
+    assert placed(place(t, range(n), 8)).devices == tuple(range(8))  # one socket (greedy: C(16,8) > limit)
+    assert placed(place(t, range(1, 16), 4)).devices == (4, 5, 6, 7)  # a whole switch, leaving 1-3 together
+    p = placed(place(t, {0, 1, 2, 5, 9, 10}, 3))
+    assert p.devices == (0, 1, 2) and "PIX" in p.reason
