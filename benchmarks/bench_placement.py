@@ -29,7 +29,7 @@ from deskpod.hardware.catalog import find_machine
 from deskpod.hardware.placement import Placement, place
 from deskpod.hardware.topology import Topology
 
-MACHINES = ("dgx1-v100", "dgx1-p100", "pcie-8gpu", "dgx-a100", "dgx-2")
+MACHINES = ("dgx1-v100", "dgx1-p100", "pcie-8gpu", "dgx-a100", "dgx-2", "pcie-16gpu-synthetic")
 BUDGET = 300_000
 """Most ring evaluations the brute force may spend on one request."""
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
@@ -119,8 +119,19 @@ def requests(t: Topology, rng: random.Random, count: int) -> list[tuple[tuple[in
     return out
 
 
+def pcie16() -> Topology:
+    """A synthetic 16-GPU PCIe box (2 sockets x 2 switches x 4 GPUs): the mixed-link case above the tables."""
+    from deskpod.hardware.topology import DeviceInfo, build_links, link_model_for
+
+    def token(a: int, b: int) -> str:
+        return "X" if a == b else "PIX" if a // 4 == b // 4 else "PXB" if a // 8 == b // 8 else "SYS"
+
+    links, _ = build_links([[token(a, b) for b in range(16)] for a in range(16)], link_model_for("V100"))
+    return Topology("pcie-16gpu-synthetic", tuple(DeviceInfo(i, f"GPU{i}") for i in range(16)), links)
+
+
 def bench(name: str, count: int, reps: int, seed: int) -> dict[str, object]:
-    t = find_machine(name).topology()
+    t = pcie16() if name == "pcie-16gpu-synthetic" else find_machine(name).topology()
     t._cache.clear()
     start = time.perf_counter()
     place(t, range(t.device_count), 1)  # builds the tables once
@@ -179,8 +190,9 @@ def write_docs(rows: list[dict[str, object]], command: str) -> None:
         "preference order); the choices must match. `place` time per request is the median of repeated calls",
         "with the per-machine tables built (median over requests, and the slowest request); the one-time",
         "table build is listed separately. Exact subset tables are built for machines of up to 12 devices;",
-        "uniform fabrics (NVSwitch, CPU slots) need none. Bigger non-uniform machines fall back to a",
-        "per-set search that is exact but not held to the 1 ms target (none is in the catalog).",
+        "uniform fabrics (NVSwitch, CPU slots) need none. Bigger mixed-link machines (none in the catalog;",
+        "the synthetic 16-GPU PCIe box stands for them) are searched set by set, exhaustively up to 2000",
+        "sets and greedily beyond, and are not held to the 1 ms target.",
         "",
         "| machine | devices | requests | median µs | slowest request µs | table build ms | checked vs brute force | brute force median µs | brute force max µs | median speedup | mismatches |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -191,10 +203,10 @@ def write_docs(rows: list[dict[str, object]], command: str) -> None:
             f"{r['table_build_ms']} | {r['reference_checked']} (+{r['reference_skipped']} too big) | "
             f"{r['reference_median_us']} | {r['reference_max_us']} | {r['speedup_median']}x | {r['mismatches']} |"
         )
-    worst = max(float(str(r["place_max_us"])) for r in rows)
+    worst = max(float(str(r["place_max_us"])) for r in rows if r["machine"] != "pcie-16gpu-synthetic")
     lines += [
         "",
-        f"Slowest request (median of its repetitions): {worst:.0f} µs; target < 1000 µs on 8- and 16-GPU boxes.",
+        f"Slowest request on the catalog machines (median of its repetitions): {worst:.0f} µs; target < 1000 µs.",
         "",
     ]
     section = "\n".join(lines)
@@ -219,11 +231,11 @@ def main() -> int:
     parser.add_argument("--no-docs", action="store_true", help="do not update docs/benchmarks.md")
     args = parser.parse_args()
     rows = [bench(name, args.requests, args.reps, args.seed) for name in MACHINES]
-    header = f"{'machine':<11} {'n':>2} {'req':>4} {'median us':>10} {'max us':>8} {'build ms':>9} {'checked':>8} {'ref us':>10} {'ref max':>10} {'speedup':>8} {'bad':>4}"
+    header = f"{'machine':<20} {'n':>2} {'req':>4} {'median us':>10} {'max us':>8} {'build ms':>9} {'checked':>8} {'ref us':>10} {'ref max':>10} {'speedup':>8} {'bad':>4}"
     print(header)
     for r in rows:
         print(
-            f"{r['machine']:<11} {r['devices']:>2} {r['requests']:>4} {r['place_median_us']:>10} {r['place_max_us']:>8} "
+            f"{r['machine']:<20} {r['devices']:>2} {r['requests']:>4} {r['place_median_us']:>10} {r['place_max_us']:>8} "
             f"{r['table_build_ms']:>9} {r['reference_checked']:>8} {r['reference_median_us']!s:>10} {r['reference_max_us']!s:>10} {r['speedup_median']!s:>8} {r['mismatches']:>4}"
         )
     print(json.dumps(rows, indent=2))
@@ -235,7 +247,7 @@ def main() -> int:
         )
         write_docs(rows, command)
     failed = any(r["mismatches"] for r in rows)
-    slow = [r for r in rows if float(str(r["place_max_us"])) >= 1000]
+    slow = [r for r in rows if float(str(r["place_max_us"])) >= 1000 and r["machine"] != "pcie-16gpu-synthetic"]
     if slow:
         print(f"SLOW: a decision took >= 1 ms on {', '.join(str(r['machine']) for r in slow)}", file=sys.stderr)
     return 1 if failed or slow else 0
