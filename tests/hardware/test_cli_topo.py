@@ -115,6 +115,11 @@ def test_bad_input_exits_2_with_one_line(run_cli: Run, tmp_path: Path) -> None:
         (["topo", "--machine", "dgx1", "--place", "9"], "needs 9 GPUs; dgx1-v100 has 8"),
         (["topo", "--machine", "dgx1", "--place", "2", "--policy", "nope"], "unknown placement policy"),
         (["topo", "--from", str(REFERENCE / "dgx1-v100.txt"), "--gpu", "K80"], "unknown GPU 'K80'"),
+        (["topo", "--machine", "dgx1", "--gpu", "V100"], "--gpu applies to --from FILE only"),
+        (["topo", "--machine", "dgx1", "--free", "0,1"], "--free and --policy go with --place K"),
+        (["topo", "--machine", "dgx1", "--place", "2", "--free", "0,x"], "not a device list"),
+        (["topo", "--machine", "dgx1", "--place", "2", "--free", "0,9"], "free device 9 does not exist"),
+        (["topo", "--machine", "dgx1", "--png", str(tmp_path / "no" / "such" / "x.png")], "does not exist"),
     ]
     for args, message in cases:
         code, out, err = run_cli(*args)
