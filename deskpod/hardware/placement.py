@@ -256,14 +256,17 @@ def _ring_level_dp(devices: Sequence[int], level: list[list[int]]) -> int:
 
 
 def ring_order(topology: Topology, devices: Sequence[int]) -> tuple[int, ...]:
-    """An order of ``devices`` whose ring has the best bottleneck (for building rings in `comm`)."""
+    """An order of ``devices`` whose ring has the best bottleneck (for building rings in `comm`).
+
+    Exhaustive over ring orders, so up to 9 devices; beyond that the index order is returned.
+    """
     devs = sorted(devices)
     if len(devs) <= 3:
         return tuple(devs)
     first, rest = devs[0], devs[1:]
     best: tuple[tuple[float, int], tuple[int, ...]] | None = None
     if len(devs) > 9:
-        return tuple(devs)  # factorial search too slow; callers on big fabrics get index order
+        return tuple(devs)  # factorial search too slow
     for perm in itertools.permutations(rest):
         if perm[0] > perm[-1]:
             continue  # each ring once per direction

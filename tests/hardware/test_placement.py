@@ -58,6 +58,14 @@ def test_dgx1_v100_eight_gpus_ring_over_the_nv2_cycle() -> None:
     assert p.devices == tuple(range(8)) and p.ring_bandwidth == 50.0
 
 
+def test_ring_order_follows_the_nv2_cycle() -> None:
+    from deskpod.hardware.placement import ring_order
+
+    order = ring_order(DGX1, range(8))
+    hops = [DGX1.link(order[i], order[(i + 1) % 8]).token for i in range(8)]
+    assert sorted(order) == list(range(8)) and hops == ["NV2"] * 8
+
+
 def test_dgx1_v100_why_not_and_pack() -> None:
     r = refused(place(DGX1, {0, 5, 2, 7}, 4))
     assert r.reason == "needs 4 NVLink-connected GPUs; the largest free clique has 2" and r.ever
