@@ -3,6 +3,7 @@ and many concurrent submissions — each on its own real daemon."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -184,3 +185,29 @@ def test_1000_submissions_from_20_concurrent_clients_are_all_recorded_once(pod_f
     assert names.keys() == {f"c{w}-{i}" for w in range(20) for i in range(50)}
     assert {j["state"] for j in jobs} == {"queued"}
     assert {j["id"] for j in jobs} == set(ids)
+
+
+def test_a_real_train_job_is_preempted_checkpoints_and_resumes(pod_factory: Pods) -> None:
+    """A 2-worker `deskpod train` job: preempted by SIGTERM, checkpoints, requeued, resumes, completes."""
+    pod = pod_factory("--grace", "30")
+    c = pod.client()
+    if len(c.status()["devices"]) != 2:
+        pytest.skip("written for a box with 2 devices (this CPU box's 2 slots)")
+    train = {"model": "mlp", "data": "synthetic:1x28x28", "num_classes": 10, "synthetic_samples": 4096,
+             "steps": 1200, "batch_size": 16, "log_every_steps": 10, "loader_workers": 0}  # fmt: skip
+    job = c.submit({"name": "tiny", "train": train, "devices": "all"})
+    metrics = pod.home / "jobs" / job["id"] / "runs" / "tiny" / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and '"step"' in metrics.read_text(), 120, "training steps")
+    urgent = c.submit(
+        {"name": "urgent", "command": [sys.executable, "-c", "print('urgent')"], "devices": 2, "priority": 5}
+    )
+    assert wait_state(c, urgent["id"], "succeeded", "failed", timeout=120)["state"] == "succeeded"
+    done = wait_state(c, job["id"], "succeeded", "failed", timeout=180)
+    assert done["state"] == "succeeded", c.log(job["id"])[0].decode()[-2000:]
+    preempted = next(e for e in done["events"] if e["to"] == "preempted")
+    assert "exit code 143" in preempted["note"]
+    assert done["attempt"] == 2
+    summary = json.loads((metrics.parent / "summary.json").read_text())
+    assert summary["state"] == "completed" and summary["steps"] == 1200
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if '"step"' in line]
+    assert steps[-1] >= 1190 and steps.count(10) == 1  # continued from the checkpoint, not from step 0
