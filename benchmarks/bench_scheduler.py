@@ -157,7 +157,7 @@ def main() -> int:
               f" {r['naive_over_pass']:>9.1f}x {r['starts']:>6}")  # fmt: skip
     print(json.dumps({"benchmark": "scheduler", "rows": rows}))
     if not args.no_docs:
-        write_docs(rows, "python benchmarks/bench_scheduler.py")
+        write_docs(rows, ".venv/bin/python benchmarks/bench_scheduler.py")
     return 0 if all(r["met"] for r in rows) else 1
 
 

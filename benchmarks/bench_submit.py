@@ -165,7 +165,7 @@ For comparison: Determined rate-limits its scheduling pass to once per 500 ms.
 1,000 submissions from 20 concurrent clients (queued behind a job holding every device): {conc["recorded"]} recorded,
 {conc["distinct_ids"]} distinct ids, {conc["duplicates"]} duplicates — {"all recorded once" if conc["all_recorded_once"] else "FAILED"}.
 Throughput {conc["concurrent_per_s"]:.0f} submissions/s with 20 clients vs {conc["sequential_per_s"]:.0f}/s from one client
-(ratio {conc["concurrent_per_s"] / conc["sequential_per_s"]:.2f}; one SQLite writer, so concurrency adds safety, not speed).
+(ratio {conc["concurrent_per_s"] / conc["sequential_per_s"]:.2f}: one client waits out each round trip; 20 overlap them on one SQLite writer).
 """
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
     if SECTION not in text:
@@ -208,7 +208,7 @@ def main() -> int:
           f"{conc['concurrent_per_s']:.0f}/s (1 client: {conc['sequential_per_s']:.0f}/s)")  # fmt: skip
     print(json.dumps({"benchmark": "submit", "latency": lat, "concurrent": conc}))
     if not args.no_docs:
-        write_docs(lat, conc, f"python benchmarks/bench_submit.py --trials {args.trials}")
+        write_docs(lat, conc, f".venv/bin/python benchmarks/bench_submit.py --trials {args.trials}")
     return 0 if lat["met"] and conc["all_recorded_once"] else 1
 
 
