@@ -306,7 +306,15 @@ def describe(req: DataRequest, fashion_root: Path = FASHION_MNIST_DIR) -> DataSp
             )
         s = req.image_size
         return DataSpec(
-            f"imagefolder:{root}", len(folder_classes), 3, (s, s), tuple(folder_classes), IMAGENET_MEAN, IMAGENET_STD, n_train, n_val
+            f"imagefolder:{root}",
+            len(folder_classes),
+            3,
+            (s, s),
+            tuple(folder_classes),
+            IMAGENET_MEAN,
+            IMAGENET_STD,
+            n_train,
+            n_val,
         )
     raise DataError(f"unknown dataset {req.data!r}; valid: {DATA_HELP}")
 

@@ -139,7 +139,10 @@ def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None) -> 
 
 
 def _worker_env(plan: Plan) -> dict[str, str]:
-    env: dict[str, str] = {}
+    # With the agent's rendezvous TCPStore shared across restarts, workers of a restarted group read the
+    # dead group's Gloo addresses (same keys, no per-attempt prefix) and fail to connect. Unshared, rank 0
+    # of each attempt hosts a fresh store on a free port.
+    env: dict[str, str] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if plan.kind == "cpu":
         threads = str(plan.devices[0].threads)
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, CUDA_VISIBLE_DEVICES="")

@@ -114,6 +114,7 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _build(self) -> None:
         cfg = self.cfg
+        self.loss_window: tuple[torch.Tensor, int] = (torch.zeros((), device=self.device), 0)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         model = build_model(cfg.model, ModelSpec(self.spec.num_classes, self.spec.in_channels, self.spec.image_size))
@@ -166,9 +167,11 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
         self.scaler.load_state_dict(state["scaler"])
-        rngs = state.get("rng", [])
-        if state.get("world_size") == self.world and self.rank < len(rngs):
-            set_rng_state(rngs[self.rank])
+        ranks = state.get("ranks", [])
+        if state.get("world_size") == self.world and self.rank < len(ranks):
+            set_rng_state(ranks[self.rank]["rng"])
+            window_sum, window_n = ranks[self.rank]["loss_window"]
+            self.loss_window = (torch.tensor(float(window_sum), device=self.device), int(window_n))
         pos = Position(int(state["step"]), int(state["epoch"]), int(state["micro"]))
         if state.get("world_size") != self.world or state.get("global_batch") != self.global_batch:
             self._warn(
@@ -188,8 +191,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, pos: Position) -> Path:
-        rngs: list[Any] = [None] * self.world
-        dist.all_gather_object(rngs, rng_state(), group=self.control)
+        # Each rank's RNG state and the loss it has summed since the last log step (so the first logged
+        # loss after a resume averages the same steps as an uninterrupted run would).
+        mine = {"rng": rng_state(), "loss_window": [float(self.loss_window[0]), self.loss_window[1]]}
+        ranks: list[Any] = [None] * self.world
+        dist.all_gather_object(ranks, mine, group=self.control)
         path = ckpt.path_for(self.paths.root, pos.step)
         if self.is_main:
             state = {
@@ -202,7 +208,7 @@ class Trainer:
                 "step": pos.step,
                 "epoch": pos.epoch,
                 "micro": pos.micro,
-                "rng": rngs,
+                "ranks": ranks,
                 "world_size": self.world,
                 "global_batch": self.global_batch,
                 "data_spec": self.data_spec_record(),
@@ -252,8 +258,7 @@ class Trainer:
         last_ckpt = time.monotonic()
         last_val: dict[str, float] = {}
         stopped = 0
-        loss_sum = torch.zeros((), device=self.device)
-        loss_n = 0
+        loss_sum, loss_n = self.loss_window
         window_t, window_imgs = time.perf_counter(), 0
         rate = 0.0
         self.model.train()
@@ -296,6 +301,7 @@ class Trainer:
                 self.scaler.update()
                 self.schedule.step()
                 loss_n += 1
+                self.loss_window = (loss_sum, loss_n)
                 pos.step += 1
                 pos.micro += len(micro_batches)
                 t2 = time.perf_counter()
@@ -312,6 +318,7 @@ class Trainer:
                     logged_loss = float(stats[0] / stats[1])
                     loss_sum.zero_()
                     loss_n = 0
+                    self.loss_window = (loss_sum, loss_n)
                     now = time.perf_counter()
                     rate = window_imgs * self.world / max(1e-9, now - window_t)
                     window_t, window_imgs = now, 0

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deskpod.errors import ConfigError
+from deskpod.train.config import TrainConfig, build_config, read_config_file
+
+
+def test_defaults_are_the_demo() -> None:
+    cfg = build_config()
+    assert (cfg.model, cfg.data, cfg.devices, cfg.precision) == ("convnet", "fashion-mnist", "all", "auto")
+
+
+def test_file_then_flags(tmp_path: Path) -> None:
+    f = tmp_path / "run.toml"
+    f.write_text('model = "resnet18"\nbatch_size = 64\nlr = 0.05\n')
+    cfg = build_config(f, {"batch_size": 32, "epochs": None})
+    assert cfg.model == "resnet18" and cfg.batch_size == 32 and cfg.lr == 0.05 and cfg.epochs == 3
+
+
+def test_train_table_is_accepted(tmp_path: Path) -> None:
+    f = tmp_path / "run.toml"
+    f.write_text('[train]\nmodel = "mlp"\n')
+    assert build_config(f).model == "mlp"
+
+
+def test_unknown_key_lists_valid_keys_and_suggests(tmp_path: Path) -> None:
+    f = tmp_path / "run.toml"
+    f.write_text("batchsize = 3\n")
+    with pytest.raises(ConfigError) as e:
+        read_config_file(f)
+    msg = str(e.value)
+    assert "unknown config key 'batchsize'" in msg and "did you mean 'batch_size'" in msg and "grad_accum" in msg
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("precision", "fp8", "precision = 'fp8'"),
+        ("batch_size", 0, "batch_size = 0"),
+        ("optimizer", "lamb", "sgd, adamw"),
+        ("name", "../escape", "no spaces or slashes"),
+        ("momentum", 1.5, "[0, 1)"),
+    ],
+)
+def test_bad_values_name_the_value(key: str, value: object, needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_config(None, {key: value})
+    assert needle in str(e.value)
+
+
+def test_wrong_types_are_refused() -> None:
+    with pytest.raises(ConfigError, match="use a whole number"):
+        build_config(None, {"epochs": "three"})
+    with pytest.raises(ConfigError, match="true or false"):
+        build_config(None, {"compile": "yes"})
+
+
+def test_not_toml(tmp_path: Path) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text("model = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        read_config_file(f)
+    with pytest.raises(ConfigError, match="no such file"):
+        read_config_file(tmp_path / "missing.toml")
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    from deskpod.train.config import load_config, write_config
+
+    cfg = build_config(None, {"model": "resnet50", "lr": 0.2, "compile": True})
+    write_config(cfg, tmp_path / "c.toml")
+    assert load_config(tmp_path / "c.toml") == cfg
+    assert isinstance(cfg, TrainConfig)
