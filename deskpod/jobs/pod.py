@@ -272,7 +272,7 @@ class Pod:
             pid, started = self.sup.spawn(
                 argv, env=self._env(job, devices, port), cwd=cwd, files=files, attempt=attempt
             )
-        except OSError as e:
+        except Exception as e:  # whatever stops the start, the job must not stay "starting"
             self.store.transition(
                 job.id,
                 S.FAILED,

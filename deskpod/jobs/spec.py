@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from deskpod.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -154,6 +156,10 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         if not isinstance(t, Mapping) or len(json.dumps(t, default=str)) > MAX_TRAIN_CHARS:
             raise _bad("train", t, f"expected a table of deskpod train settings (under {MAX_TRAIN_CHARS} characters)")
         train = dict(t)
+        try:
+            tomli_w.dumps(train)  # the trainer gets it as a TOML file: null and mixed arrays cannot be written
+        except (TypeError, ValueError) as e:
+            raise _bad("train", t, f"it must be writable as TOML (no nulls): {e}") from e
 
     fallback = "train" if train is not None else _name_from_argv(command, default_name)
     name = data.get("name", fallback)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -243,4 +244,34 @@ def test_fuzz_every_operation_of_the_openapi_schema_finds_no_5xx(shared_pod: Pod
                 checked += 1
                 assert r.status_code < 500 and "error" in r.json(), (path, body, r.text)
     assert checked > 80
+    assert raw(shared_pod, "GET", "/health", token=None).status_code == 200
+
+
+def test_submit_train_and_waiting_reasons(shared_pod: Pod, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`deskpod train --submit` goes through `submit_train`; a job that cannot start now says why."""
+    from deskpod.jobs.client import submit_train
+
+    c = shared_pod.client()
+    n = len(c.status()["devices"])
+    hog = c.submit({"name": "hog", "command": ["sleep", "60"], "devices": n, "priority": 1000})
+    wait_state(c, hog["id"], "running")
+    monkeypatch.setenv("DESKPOD_URL", shared_pod.url)
+    monkeypatch.setenv("DESKPOD_TOKEN_FILE", str(shared_pod.home / "token"))
+    job_id = submit_train({"model": "mlp", "steps": 10}, devices=1, name="via-client")
+    job = wait_for(lambda: (j := c.job(job_id))["reason"] and j, 20, "a wait reason")
+    assert isinstance(job, dict) and job["kind"] == "train" and job["state"] == "queued"
+    assert "free" in job["reason"], job["reason"]  # e.g. "needs 1 CPU slot; only 0 free (none)"
+    with pytest.raises(UsageError, match="train"):
+        submit_train({"model": None}, devices=1, name=None)  # type: ignore[dict-item]
+    assert c.cancel(job_id)["state"] == "cancelled"
+    c.cancel(hog["id"])
+    wait_state(c, hog["id"], "cancelled")
+
+
+def test_a_second_daemon_on_the_same_home_is_refused(shared_pod: Pod) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "deskpod", "up", "--port", "0", "--home", str(shared_pod.home)],
+        env=shared_pod.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "already runs" in r.stderr
     assert raw(shared_pod, "GET", "/health", token=None).status_code == 200
