@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, help="random seed (default 0)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: linear scaling rule)")
     p.add_argument("--optimizer", help="sgd (default) or adamw")
+    p.add_argument("--submit", action="store_true", help="queue this training on the pod service (deskpod up) instead")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--quiet", action="store_true", help="print only errors and the final summary")
     out.add_argument("--json", action="store_true", help="print JSON lines (one event each) for scripts")
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from deskpod.train.launcher import format_summary, launch, prepare
     from deskpod.train.progress import pick_mode
 
+    if args.submit:
+        return submit(args)
+
     plan = prepare(args.config, overrides_from(args), resume=args.resume)
     mode = pick_mode(args.quiet, args.json)
     summary = launch(plan, mode)
@@ -73,3 +77,22 @@ def _signum(name: object) -> int:
         return int(signal.Signals[str(name)])
     except KeyError:
         return int(signal.SIGTERM)
+
+
+def submit(args: argparse.Namespace) -> int:
+    """``deskpod train --submit``: validate the config here, then queue it as a pod-service job."""
+    from deskpod.errors import ConfigError
+    from deskpod.jobs.client import submit_train
+    from deskpod.train.config import build_config, read_config_file
+
+    if args.resume:
+        raise ConfigError("--resume does not go with --submit: the pod service resumes its train jobs itself")
+    overrides = overrides_from(args)
+    devices = overrides.pop("devices", "all")
+    build_config(args.config, overrides)  # bad keys and values fail here, before anything is queued
+    train = {**(read_config_file(args.config) if args.config else {}), **overrides}
+    train.pop("devices", None)
+    devices_value: int | str = int(devices) if str(devices).isdigit() else str(devices)
+    job = submit_train(train, devices=devices_value, name=train.pop("name", None))
+    print(f"submitted job {job}; follow it with: deskpod logs -f {job}")
+    return 0
