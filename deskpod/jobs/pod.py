@@ -194,6 +194,8 @@ class Pod:
 
     def _finish(self, job: JobRecord, code: int | None, now: float) -> None:
         """Record how a job's process ended and decide: done, requeued, or retried."""
+        if job.pid is not None:
+            sv.kill_leftovers(job.pid, job.pid_start)  # nothing of a job outlives it
         base: dict[str, Any] = {
             "exit_code": code,
             "finished_at": now,

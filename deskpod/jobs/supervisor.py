@@ -138,7 +138,18 @@ class Supervisor:
         self._children.clear()
 
 
-def kill_group_now(pid: int, started: int | None) -> None:
-    """SIGKILL the job's group if ``pid`` is still the job (cleanup after a shim died alone)."""
+def kill_leftovers(pid: int, started: int | None) -> None:
+    """SIGKILL what is left of an ended job's process group (background children, an orphan whose shim died).
+
+    The group's id is the shim's pid, and Linux reuses no pid while a group of that id has members.
+    So when no process has that pid (or only the job's own unreaped shim has it), every member of the
+    group belongs to the job; when another process has taken the pid, the group is long gone.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        stat = ""
+    if stat and int(stat[stat.rindex(")") + 2 :].split()[19]) != started:
+        return
     with contextlib.suppress(OSError):
-        signal_group(pid, started, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)

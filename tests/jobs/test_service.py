@@ -275,3 +275,14 @@ def test_a_second_daemon_on_the_same_home_is_refused(shared_pod: Pod) -> None:
     )  # fmt: skip
     assert r.returncode == 2 and "already runs" in r.stderr
     assert raw(shared_pod, "GET", "/health", token=None).status_code == 200
+
+
+def test_nothing_of_an_ended_job_outlives_it(shared_pod: Pod) -> None:
+    """A background child left behind by a job that exited is killed with the job's process group."""
+    from deskpod.jobs.supervisor import start_time
+
+    c = shared_pod.client()
+    job = c.submit({"name": "leaver", "command": ["sh", "-c", "sleep 300 & echo bg $!"]})
+    assert wait_state(c, job["id"], "succeeded")["exit_code"] == 0
+    line = next(x for x in c.log(job["id"])[0].decode().splitlines() if x.startswith("bg "))
+    wait_for(lambda: start_time(int(line.split()[1])) is None, 10, "the background child to be gone")
