@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -112,8 +111,8 @@ class Pod:
 
 
 def kill_leftover_jobs(home: Path) -> None:
-    """SIGKILL every job process group the store still knows, if the pid is still that job."""
-    from deskpod.jobs.supervisor import alive
+    """SIGKILL what remains of every job process group the store knows (see `kill_leftovers`)."""
+    from deskpod.jobs.supervisor import kill_leftovers
 
     db = home / "pod.db"
     if not db.exists():
@@ -124,9 +123,7 @@ def kill_leftover_jobs(home: Path) -> None:
     finally:
         con.close()
     for pid, started in rows:
-        if alive(pid, started):
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
+        kill_leftovers(pid, started)
 
 
 class Pods:
