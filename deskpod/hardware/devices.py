@@ -168,7 +168,24 @@ def discover(env: Environment | None = None, *, query: GpuQuery | None = None, u
     gpus = discover_gpus(query, env)
     if gpus:
         return Inventory("cuda", gpus, env.cpu_count, "nvml" if query is not None else "torch")
-    return Inventory("cpu", cpu_slots(env), env.cpu_count, "cpu")
+    slots = cpu_slots(env)
+    if env.cpu_slots is not None:
+        # The pod service gave this job some of the box's CPU slots (DESKPOD_CPU_SLOTS): only those are
+        # ours, with the cores they stand for.
+        bad = [i for i in env.cpu_slots if not 0 <= i < len(slots)]
+        if bad or not env.cpu_slots:
+            raise DeviceError(
+                f"DESKPOD_CPU_SLOTS names slot {bad[0] if bad else 'none'}; this machine has slots 0-{len(slots) - 1}"
+            )
+        mine = [slots[i] for i in env.cpu_slots]
+        cores = sum(s.threads for s in mine)
+        return Inventory(
+            "cpu",
+            tuple(Device("cpu", k, s.name, s.memory_bytes, threads=s.threads) for k, s in enumerate(mine)),
+            cores,
+            "cpu",
+        )
+    return Inventory("cpu", slots, env.cpu_count, "cpu")
 
 
 def parse_device_spec(spec: str | int | Sequence[int], available: int, kind: str = "cuda") -> list[int]:

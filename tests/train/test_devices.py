@@ -69,3 +69,13 @@ def test_gpus_from_nvml_respect_cuda_visible_devices() -> None:
     assert [g.uuid[4] for g in by_uuid] == ["6"]
     stops = discover_gpus(RecordedH200x8(), env(cvd=("1", "9", "2")))
     assert [g.uuid[4] for g in stops] == ["1"], "like CUDA, the list ends at the first invalid entry"
+
+
+def test_pod_cpu_slots_limit_the_inventory() -> None:
+    from dataclasses import replace
+
+    inv = discover(replace(env(cores=4), cpu_slots=(1, 3)), use_nvml=False)
+    if inv.kind == "cpu":
+        assert len(inv.devices) == 2 and inv.cores == 2 and [d.threads for d in inv.select("all")] == [1, 1]
+        with pytest.raises(DeviceError, match="DESKPOD_CPU_SLOTS names slot 7"):
+            discover(replace(env(cores=4), cpu_slots=(7,)), use_nvml=False)
