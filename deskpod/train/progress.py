@@ -39,12 +39,14 @@ class Progress:
         self.min_interval = min_interval
         self._last_draw = 0.0
         self._bar_open = False
+        self._last_loss: float | None = None
 
     def event(self, kind: str, **fields: Any) -> None:
         """A discrete event (start, val, checkpoint, restart, done, stopped)."""
         if self.mode == "quiet":
             return
         if self.mode == "json":
+            fields.pop("text", None)
             self._write(json.dumps({"event": kind, **fields}) + "\n")
             return
         self._close_bar()
@@ -62,6 +64,9 @@ class Progress:
                 self._write(json.dumps({"event": "step", "epoch": epoch, "step": step, "total_steps": total,
                                         "loss": loss, "images_per_s": round(images_per_s, 1), "eta_s": round(eta_s, 1)}) + "\n")  # fmt: skip
             return
+        if loss is not None:
+            self._last_loss = loss
+        loss = self._last_loss
         loss_txt = "  —  " if loss is None else f"{loss:.4f}"
         facts = f"loss {loss_txt} | {images_per_s:,.0f} img/s | ETA {format_duration(eta_s)}"
         if self.mode == "lines":
