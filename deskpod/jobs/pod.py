@@ -29,7 +29,7 @@ from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.jobs import supervisor as sv
 from deskpod.jobs.scheduler import Running, Waiting, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
-from deskpod.jobs.states import JobState
+from deskpod.jobs.states import FINAL, JobState
 from deskpod.jobs.store import JobRecord, Store, User
 
 S = JobState
@@ -108,21 +108,23 @@ class Pod:
         return job
 
     def cancel(self, user: User, job_id: str) -> JobRecord:
+        """Cancel a queued job now, or ask the loop to stop an active one; a finished job is left as it is."""
         job = self.visible_job(user, job_id)
-        if job.state is S.QUEUED and self.store.transition(
-            job.id,
-            S.CANCELLED,
-            f"cancelled by {user.name}",
-            expect=[S.QUEUED],
-            finished_at=self.clock(),
-            reason="cancelled",
-        ):
-            return self.store.job(job.id) or job
-        if job.state.active and job.stop_reason is None:
-            self.store.update(job.id, stop_reason="cancel", reason=f"cancelling (asked by {user.name})")
-            self.wake()
-        elif job.state.active and job.stop_reason != "cancel":
-            self.store.update(job.id, stop_reason="cancel")  # a cancel outranks a preemption: do not requeue
+        for _ in range(5):  # the loop may move the job between our read and our write; read again
+            if job.state is S.QUEUED and self.store.transition(
+                job.id, S.CANCELLED, f"cancelled by {user.name}", expect=[S.QUEUED],
+                finished_at=self.clock(), reason="cancelled",
+            ):  # fmt: skip
+                break
+            # A cancel outranks a preemption or a timeout: the job is not requeued.
+            if job.state.active and self.store.update(
+                job.id, expect=ACTIVE, stop_reason="cancel", reason=f"cancelling (asked by {user.name})"
+            ):
+                self.wake()
+                break
+            if job.state in (S.SUCCEEDED, S.CANCELLED) or (job.state in FINAL and job.failures > job.retries):
+                break
+            job = self.store.job(job.id) or job
         return self.store.job(job.id) or job
 
     def wake(self) -> None:
@@ -183,7 +185,7 @@ class Pod:
             and job.started_at is not None
             and now > job.started_at + limit
         ):
-            self.store.update(job.id, stop_reason="timeout", reason=f"exceeded max_runtime {limit:g} s")
+            self.store.update(job.id, expect=ACTIVE, stop_reason="timeout", reason=f"exceeded max_runtime {limit:g} s")
             job = self.store.job(job.id) or job
         if job.stop_reason is not None:
             if job.stop_deadline is None:
@@ -246,7 +248,7 @@ class Pod:
         plan = schedule(waiting, running, self.device_count, self.place, now, preemption=self.config.preemption)
         self.store.set_reasons(plan.waits)
         for victim in plan.preempt:
-            self.store.update(victim, stop_reason="preempt", reason=f"preempted for job {plan.reserved}")
+            self.store.update(victim, expect=ACTIVE, stop_reason="preempt", reason=f"preempted for job {plan.reserved}")
             self.store.note(victim, f"preemption requested for job {plan.reserved}")
             self._dirty = True
         for st in plan.starts:

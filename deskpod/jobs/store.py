@@ -258,17 +258,20 @@ class Store:
             db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)", (job_id, time.time(), old.value, new.value, note))
         return True
 
-    def update(self, job_id: int, **fields: Any) -> None:
-        """Set fields without a state change (a pid, a stop request, a wait reason)."""
+    def update(self, job_id: int, *, expect: Iterable[JobState] | None = None, **fields: Any) -> bool:
+        """Set fields without a state change (a stop request, a wait reason); only in ``expect`` states if given."""
         bad = set(fields) - MUTABLE
         if bad:
             raise ValueError(f"not a mutable job field: {sorted(bad)}")
         if not fields:
-            return
+            return False
+        sql, args = f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", [*fields.values(), job_id]
+        if expect is not None:
+            wanted = [s.value for s in expect]
+            sql += f" AND state IN ({','.join('?' * len(wanted))})"
+            args.extend(wanted)
         with self._tx() as db:
-            db.execute(
-                f"UPDATE jobs SET {', '.join(f'{k} = ?' for k in fields)} WHERE id = ?", (*fields.values(), job_id)
-            )
+            return db.execute(sql, args).rowcount == 1
 
     def queue(self) -> list[tuple[int, int, int, str, float | None]]:
         """Queued jobs as (id, priority, devices, placement, max_runtime): the scheduler's light view."""
