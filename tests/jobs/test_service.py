@@ -15,7 +15,7 @@ import pytest
 
 from deskpod.errors import AuthError, ConfigError, NotFoundError, UsageError
 from deskpod.jobs.client import PodClient, read_token
-from tests.jobs.pods import SLEEPER, Pod, python_job, wait_for
+from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for
 
 
 def wait_state(client: PodClient, job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:
@@ -286,3 +286,25 @@ def test_nothing_of_an_ended_job_outlives_it(shared_pod: Pod) -> None:
     assert wait_state(c, job["id"], "succeeded")["exit_code"] == 0
     line = next(x for x in c.log(job["id"])[0].decode().splitlines() if x.startswith("bg "))
     wait_for(lambda: start_time(int(line.split()[1])) is None, 10, "the background child to be gone")
+
+
+def test_placement_on_a_modelled_dgx1(pod_factory: Pods) -> None:
+    """`deskpod up --machine dgx1-v100`: the hardware model's placement chooses and explains."""
+    pod = pod_factory("--machine", "dgx1-v100")
+    c = pod.client()
+    assert len(c.status()["devices"]) == 8
+    with pytest.raises(UsageError, match="never fit"):
+        c.submit({"command": ["true"], "devices": 9})
+    with pytest.raises(UsageError, match="halves"):
+        c.submit({"command": ["true"], "devices": 5, "placement": "partition:halves"})
+    job = c.submit(
+        {
+            "name": "quad",
+            "command": [sys.executable, "-c", "import os; print(os.environ['DESKPOD_CPU_SLOTS'])"],
+            "devices": 4,
+        }
+    )
+    done = wait_state(c, job["id"], "succeeded")
+    quad = sorted(int(x) for x in c.log(job["id"])[0].decode().split()[-1].split(","))
+    assert quad in ([0, 1, 2, 3], [4, 5, 6, 7])  # a fully NVLink-connected quad of the hybrid cube-mesh
+    assert "NVLink" in next(e["note"] for e in done["events"] if e["to"] == "starting")
