@@ -157,3 +157,16 @@ def test_corrupt_images_stop_the_run_when_too_many(tmp_path: Path) -> None:
     assert r.code == 2, r.err
     assert "could not be decoded, more than max_bad_fraction 0" in r.err
     assert "Traceback" not in r.err
+
+
+def test_two_trainings_at_once_do_not_collide(tmp_path: Path) -> None:
+    """Each launch picks its own free rendezvous port: no clash on 29500."""
+    cfg = config(tmp_path, model="mlp", steps=8)
+    with (
+        spawn_deskpod("train", "--config", str(cfg), "--out", str(tmp_path), "--name", "a") as a,
+        spawn_deskpod("train", "--config", str(cfg), "--out", str(tmp_path), "--name", "b") as b,
+    ):
+        _, err_a = a.communicate(timeout=180)
+        _, err_b = b.communicate(timeout=180)
+    assert a.returncode == 0 and b.returncode == 0, err_a + err_b
+    assert [m["loss"] for m in metrics(tmp_path / "a")] == [m["loss"] for m in metrics(tmp_path / "b")]
