@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deskpod.environment import Environment
 from deskpod.errors import ConfigError, DeviceError, NotFoundError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.jobs import supervisor as sv
@@ -77,6 +78,8 @@ class Pod:
         self.config, self.store, self.device_count, self.device_kind = config, store, device_count, device_kind
         self.place, self.clock = place, clock
         self.sup = sv.Supervisor()
+        # The daemon's own CUDA_VISIBLE_DEVICES: device i of its topology is entry i of that list.
+        self._visible = Environment.read().cuda_visible_devices
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._dirty = True
@@ -323,7 +326,8 @@ class Pod:
         listed = ",".join(map(str, devices))
         env.update({"DESKPOD_JOB_ID": str(job.id), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         if self.device_kind == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = listed
+            vis = self._visible
+            env["CUDA_VISIBLE_DEVICES"] = listed if vis is None else ",".join(vis[d] for d in devices if d < len(vis))
             env.pop("DESKPOD_CPU_SLOTS", None)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
