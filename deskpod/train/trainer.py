@@ -267,7 +267,7 @@ class Trainer:
             epoch_done = False
             while pos.step < self.total_steps:
                 t0 = time.perf_counter()
-                micro_batches = []
+                micro_batches: list[Batch] = []
                 for _ in range(cfg.grad_accum):
                     try:
                         micro_batches.append(next(it))
@@ -277,29 +277,11 @@ class Trainer:
                 if epoch_done:
                     break
                 t1 = time.perf_counter()
-                self.optimizer.zero_grad(set_to_none=True)
-                for i, b in enumerate(micro_batches):
+                self._optimizer_step(micro_batches, loss_sum)
+                for b in micro_batches:
                     bad += b.bad
                     seen += b.bad + int(b.labels.shape[0])
-                    x = b.images.to(self.device, non_blocking=True)
-                    y = b.labels.to(self.device, non_blocking=True)
-                    if self.channels_last:
-                        x = x.contiguous(memory_format=torch.channels_last)
-                    sync = i == len(micro_batches) - 1
-                    ctx = contextlib.nullcontext() if sync else self.model.no_sync()  # type: ignore[operator]
-                    with ctx:
-                        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                                            enabled=self.autocast_dtype is not None):  # fmt: skip
-                            loss = self.loss_fn(self.model(x), y) / len(micro_batches)
-                        self.scaler.scale(loss).backward()
-                    loss_sum += loss.detach()
-                    window_imgs += int(y.shape[0])
-                if cfg.grad_clip:
-                    self.scaler.unscale_(self.optimizer)
-                    nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip)
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                self.schedule.step()
+                    window_imgs += int(b.labels.shape[0])
                 loss_n += 1
                 self.loss_window = (loss_sum, loss_n)
                 pos.step += 1
@@ -383,6 +365,29 @@ class Trainer:
             "global_batch": self.global_batch,
             "memory_bytes": self._memory(),
         }
+
+    def _optimizer_step(self, micro_batches: list[Batch], loss_sum: torch.Tensor) -> None:
+        """Forward and backward over the micro-batches (DDP syncs on the last), then one optimizer step."""
+        self.optimizer.zero_grad(set_to_none=True)
+        n = len(micro_batches)
+        for i, b in enumerate(micro_batches):
+            x = b.images.to(self.device, non_blocking=True)
+            y = b.labels.to(self.device, non_blocking=True)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            ctx = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()  # type: ignore[operator]
+            with ctx:
+                with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                                    enabled=self.autocast_dtype is not None):  # fmt: skip
+                    loss = self.loss_fn(self.model(x), y) / n
+                self.scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+        if self.cfg.grad_clip:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.raw_model.parameters(), self.cfg.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.schedule.step()
 
     def _check_bad(self, bad: int, seen: int) -> None:
         t = torch.tensor([bad, seen], dtype=torch.int64)
