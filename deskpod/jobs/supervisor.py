@@ -40,14 +40,17 @@ class Attempt:
         return self.folder / "output.log"
 
 
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if no such (live) process."""
+def start_time(pid: int, *, zombies: bool = False) -> int | None:
+    """The process's start time in clock ticks since boot, or None if no such live process.
+
+    A zombie has finished (only its exit status is left), so it counts as gone unless ``zombies``.
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):  # a zombie has finished; only its exit status is left
+    if fields[0] in ("Z", "X") and not zombies:
         return None
     return int(fields[19])
 
@@ -112,7 +115,7 @@ class Supervisor:
                 close_fds=True,
             )
         self._children[proc.pid] = proc
-        return proc.pid, start_time(proc.pid)
+        return proc.pid, start_time(proc.pid, zombies=True)  # unreaped child: its pid cannot be reused yet
 
     def finished(self, pid: int, started: int | None, exit_file: Path) -> tuple[bool, int | None]:
         """(done, exit code) for a job process; the code is None when nothing recorded it."""
@@ -145,11 +148,8 @@ def kill_leftovers(pid: int, started: int | None) -> None:
     So when no process has that pid (or only the job's own unreaped shim has it), every member of the
     group belongs to the job; when another process has taken the pid, the group is long gone.
     """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        stat = ""
-    if stat and int(stat[stat.rindex(")") + 2 :].split()[19]) != started:
+    now = start_time(pid, zombies=True)
+    if now is not None and now != started:
         return
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,44 @@
+"""Processes are known by pid *and* start time: a pid that names another process is never signalled."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from deskpod.jobs.supervisor import Attempt, Supervisor, alive, signal_group, start_time
+
+
+def test_a_reused_pid_is_not_the_job(tmp_path: Path) -> None:
+    sup = Supervisor()
+    files = Attempt(tmp_path / "job")
+    pid, started = sup.spawn(["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, files=files, attempt=1)
+    try:
+        assert started is not None and alive(pid, started)
+        assert not alive(pid, started + 1)  # the same pid with another start time: some other process
+        assert not signal_group(pid, started + 1, signal.SIGKILL)
+        assert alive(pid, started)
+        assert signal_group(pid, started, signal.SIGTERM)
+        for _ in range(200):
+            done, code = sup.finished(pid, started, files.exit_file(1))
+            if done:
+                break
+            time.sleep(0.02)
+        assert done and code == 143  # sleep died of SIGTERM; the shim recorded 128 + 15
+        assert start_time(pid) is None
+    finally:
+        signal_group(pid, started, signal.SIGKILL)
+
+
+def test_the_shim_records_exit_codes(tmp_path: Path) -> None:
+    sup = Supervisor()
+    files = Attempt(tmp_path / "job")
+    for attempt, argv, want in ((1, ["sh", "-c", "exit 7"], 7), (2, ["no-such-program-here"], 127)):
+        pid, started = sup.spawn(argv, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, files=files, attempt=attempt)
+        for _ in range(300):
+            done, code = sup.finished(pid, started, files.exit_file(attempt))
+            if done:
+                break
+            time.sleep(0.02)
+        assert done and code == want
+    assert "cannot start 'no-such-program-here'" in files.log.read_text()
