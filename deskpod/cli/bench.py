@@ -1,4 +1,4 @@
-"""``deskpod bench``: measure this box. Subcommands: ``train``."""
+"""``deskpod bench``: measure this box. Subcommands: ``train``, ``serve``, ``comm``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     bench = p.add_subparsers(dest="bench_command", metavar="WHAT")
     bench.required = True
     register_train(bench)
+    # `deskpod bench serve` (issue 5, inference serving): its parser and handler live in deskpod/cli/serve.py.
+    from deskpod.cli.serve import register_bench as register_serve
+
+    register_serve(bench)
+    # `deskpod bench comm` (issue 6, collectives): its parser and handler live in deskpod/cli/comm.py.
+    from deskpod.cli.comm import register_bench as register_comm
+
+    register_comm(bench)
 
 
 def register_train(bench: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

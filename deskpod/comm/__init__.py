@@ -1,0 +1,1 @@
+"""Collectives: the nccl-tests-style benchmark, ring/tree construction on a topology, the cost model."""
