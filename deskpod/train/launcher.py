@@ -154,7 +154,7 @@ def _worker_env(plan: Plan) -> dict[str, str]:
     return env
 
 
-def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int) -> None:
+def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int | None) -> None:
     paths = RunPaths(plan.run_dir)
     paths.root.mkdir(parents=True, exist_ok=True)
     for stale in ("error.json", "worker-result.json"):
@@ -181,11 +181,12 @@ def _quiet_torchelastic() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int = 0) -> dict[str, Any]:
+def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = None) -> dict[str, Any]:
     """Run the workers for ``plan`` and return the summary (also written to ``summary.json``).
 
     ``timing_skip_steps`` leaves the first steps of each worker attempt out of the throughput figures
-    (``deskpod bench train`` uses it to time only after warm-up).
+    (``deskpod bench train`` uses it to time only after warm-up); by default the first step is left out
+    of runs longer than 10 steps.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -251,7 +251,9 @@ class Trainer:
             )  # fmt: skip
         train_time = 0.0
         wait_time = 0.0
-        timing_skip = int(self.launch.get("timing_skip_steps", 0))
+        # Throughput leaves out the first step(s) of each attempt: compilation, autotuning, allocator warm-up.
+        skip = self.launch.get("timing_skip_steps")
+        timing_skip = int(skip) if skip is not None else (1 if self.total_steps > 10 else 0)
         done_here = timed_images = 0
 
         bad = seen = 0
