@@ -23,12 +23,16 @@ import random
 import re
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from deskpod.hardware.placement import Placement, Unplaceable, machine, place
 from deskpod.jobs.scheduler import Plan, Running, Waiting, schedule
+from deskpod.jobs.spec import parse_spec
+from deskpod.jobs.store import Store
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 SECTION = "## Pod service"
@@ -76,6 +80,29 @@ def timed(fn: Callable[[], object], repeat: int) -> list[float]:
     return out
 
 
+def daemon_pass(
+    waiting: Sequence[Waiting], running: Sequence[Running], place_fn: Callable[..., Any], repeat: int
+) -> float:
+    """The daemon's whole pass minus starting processes: read the queue from SQLite, decide, write reasons."""
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "pod.db")
+        for j in waiting:
+            spec = parse_spec({"command": ["true"], "priority": j.priority, "devices": j.devices, "max_runtime": j.max_runtime}
+                              if j.max_runtime else {"command": ["true"], "priority": j.priority, "devices": j.devices})  # fmt: skip
+            store.submit("bench", spec, j.devices, NOW)
+
+        def one() -> None:  # as `Pod._schedule` does it
+            queued = store.queue()
+            ws = [Waiting(q[0], q[1], q[2], q[3], q[4]) for q in queued]
+            plan = schedule(ws, running, 8, place_fn, NOW)
+            shown = {q[0]: q[5] for q in queued}
+            store.set_reasons({i: r for i, r in plan.waits.items() if shown.get(i) != r})
+
+        times = timed(one, repeat)
+        store.close()
+    return statistics.median(times)
+
+
 def check(plan: Plan, waiting: Sequence[Waiting], running: Sequence[Running]) -> None:
     busy = {d for r in running for d in r.devices}
     used: set[int] = set()
@@ -94,14 +121,17 @@ def write_docs(rows: list[dict[str, object]], command: str) -> None:
         "",
         f"Command: `{command}` (the shared 2-core box, other work running; compare the ratios).",
         "Real placement on a DGX-1 (V100) topology; running jobs hold 6 of 8 GPUs; medians of repeated passes.",
+        "The target is the pass itself; the daemon's whole pass (read the queue from SQLite, decide, write changed",
+        "wait reasons) is listed beside it. The daemon runs a pass on each submission, exit or cancel, and once a second.",
         "",
-        "| queued jobs | pass median ms | pass p90 ms | naive median ms | sort floor ms | naive / pass | pass / sort | starts | target |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| queued jobs | pass median ms | pass p90 ms | naive median ms | sort floor ms | naive / pass | pass / sort | starts | daemon pass with SQLite ms | target |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['queued']} | {r['pass_ms']:.2f} | {r['pass_p90_ms']:.2f} | {r['naive_ms']:.2f} | {r['sort_ms']:.2f} |"
-            f" {r['naive_over_pass']:.1f}x | {r['pass_over_sort']:.1f}x | {r['starts']} | {'met' if r['met'] else 'MISSED'} (<= 10 ms at 10,000) |"
+            f" {r['naive_over_pass']:.1f}x | {r['pass_over_sort']:.1f}x | {r['starts']} | {r['with_store_ms']:.1f} |"
+            f" {'met' if r['met'] else 'MISSED'} (<= 10 ms at 10,000) |"
         )
     _replace_sub("\n".join(lines) + "\n")
 
@@ -145,11 +175,13 @@ def main() -> int:
         naives = timed(lambda w=waiting, r=running: naive(w, r, 8, place_fn), max(5, args.repeat // 5))
         sorts = timed(lambda w=waiting: sorted(w, key=lambda j: (-j.priority, j.id)), args.repeat)
         med = statistics.median(passes)
+        store_ms = daemon_pass(waiting, running, place_fn, max(5, args.repeat // 3))
         rows.append({
             "queued": n, "pass_ms": med, "pass_p90_ms": sorted(passes)[int(0.9 * len(passes))],
             "naive_ms": statistics.median(naives), "sort_ms": statistics.median(sorts),
             "naive_over_pass": statistics.median(naives) / med, "pass_over_sort": med / statistics.median(sorts),
             "starts": len(plan.starts), "preempt": len(plan.preempt), "met": n != 10_000 or med <= 10.0,
+            "with_store_ms": store_ms,
         })  # fmt: skip
     print(f"{'queued':>7} {'pass ms':>8} {'p90 ms':>7} {'naive ms':>9} {'sort ms':>8} {'naive/pass':>10} {'starts':>6}")
     for r in rows:

@@ -249,7 +249,8 @@ class Pod:
             return
         waiting = [Waiting(q[0], q[1], q[2], q[3], q[4]) for q in queued]
         plan = schedule(waiting, running, self.device_count, self.place, now, preemption=self.config.preemption)
-        self.store.set_reasons(plan.waits)
+        shown = {q[0]: q[5] for q in queued}
+        self.store.set_reasons({i: r for i, r in plan.waits.items() if shown.get(i) != r})
         for victim in plan.preempt:
             self.store.update(victim, expect=ACTIVE, stop_reason="preempt", reason=f"preempted for job {plan.reserved}")
             self.store.note(victim, f"preemption requested for job {plan.reserved}")

@@ -273,13 +273,14 @@ class Store:
         with self._tx() as db:
             return db.execute(sql, args).rowcount == 1
 
-    def queue(self) -> list[tuple[int, int, int, str, float | None]]:
-        """Queued jobs as (id, priority, devices, placement, max_runtime): the scheduler's light view."""
+    def queue(self) -> list[tuple[int, int, int, str, float | None, str]]:
+        """Queued jobs as (id, priority, devices, placement, max_runtime, reason): the scheduler's light view."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT id, priority, devices, placement, max_runtime FROM jobs WHERE state = 'queued'"
-            ).fetchall()
-        return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+            cur = self._db.execute(
+                "SELECT id, priority, devices, placement, max_runtime, reason FROM jobs WHERE state = 'queued'"
+            )
+            cur.row_factory = None  # plain tuples: a third of the time of sqlite3.Row for 10,000 rows
+            return cur.fetchall()
 
     def note(self, job_id: int, text: str) -> None:
         """Add a history line without a state change (a re-adoption, a preemption request)."""
@@ -289,15 +290,13 @@ class Store:
                 db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)", (job_id, time.time(), row[0], row[0], text))
 
     def set_reasons(self, reasons: dict[int, str]) -> None:
-        """Write the scheduler's wait reasons for queued jobs, only where they changed."""
+        """Write wait reasons of queued jobs (the caller passes only those that changed)."""
         if not reasons:
             return
         with self._tx() as db:
-            rows = db.execute("SELECT id, reason FROM jobs WHERE state = 'queued'").fetchall()
-            changed = [
-                (reasons[r["id"]], r["id"]) for r in rows if r["id"] in reasons and reasons[r["id"]] != r["reason"]
-            ]
-            db.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
+            db.executemany(
+                "UPDATE jobs SET reason = ? WHERE id = ? AND state = 'queued'", [(r, i) for i, r in reasons.items()]
+            )
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
         with self._lock:
