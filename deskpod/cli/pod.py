@@ -142,13 +142,21 @@ def down(args: argparse.Namespace) -> int:
     from deskpod.errors import ServiceError
 
     with _client() as c:
+        running = c.status()["running"]
         c.shutdown(stop_jobs=args.stop_jobs)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
                 c.health()
             except ServiceError:
-                print("deskpod: pod service stopped")
+                if running and args.stop_jobs:
+                    print(f"deskpod: pod service stopped; {running} running job(s) stopped and requeued")
+                elif running:
+                    print(
+                        f"deskpod: pod service stopped; {running} job(s) keep running and the next `deskpod up` re-adopts them"
+                    )
+                else:
+                    print("deskpod: pod service stopped")
                 return 0
             time.sleep(0.1)
     raise ServiceError("the pod service did not stop within 120 s")
