@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from deskpod.jobs.client import PodClient
 
@@ -162,3 +163,13 @@ print("started", os.environ.get("DESKPOD_CPU_SLOTS"), os.environ.get("MASTER_POR
 time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 600)
 print("finished", flush=True)
 """
+
+
+def wait_state(client: PodClient, job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        job = client.job(job_id)
+        return job if job["state"] in states else None
+
+    got = wait_for(check, timeout, f"job {job_id} to reach {states}")
+    assert isinstance(got, dict)
+    return got

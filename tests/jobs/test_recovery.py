@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 
 from deskpod.jobs.client import PodClient
-from tests.jobs.pods import Pods, wait_for
-from tests.jobs.test_service import wait_state
+from tests.jobs.pods import Pods, wait_for, wait_state
 
 # Stands for a training job: on SIGTERM it "checkpoints" (a file in its folder) and exits 143;
 # started again with a checkpoint present, it "resumes" and finishes.

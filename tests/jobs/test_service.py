@@ -15,17 +15,7 @@ import pytest
 
 from deskpod.errors import AuthError, ConfigError, NotFoundError, UsageError
 from deskpod.jobs.client import PodClient, read_token
-from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for
-
-
-def wait_state(client: PodClient, job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        job = client.job(job_id)
-        return job if job["state"] in states else None
-
-    got = wait_for(check, timeout, f"job {job_id} to reach {states}")
-    assert isinstance(got, dict)
-    return got
+from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for, wait_state
 
 
 def test_a_job_runs_with_its_devices_port_and_log(shared_pod: Pod, tmp_path: Path) -> None:
