@@ -72,8 +72,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports subclass nothing in asyncio
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -14,6 +14,7 @@ the input is a `ProtocolError` (HTTP 400) naming what is wrong.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,9 +97,13 @@ def _bytes_tensor(raw: bytes | memoryview, count: int, name: str) -> np.ndarray:
 
 
 def _shape(value: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
-        raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers, got {value!r}")
-    return tuple(value)
+    if type(value) is list:
+        for d in value:
+            if type(d) is not int or d < 0:  # bool is an int subclass: refused too
+                break
+        else:
+            return tuple(value)
+    raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers, got {value!r}")
 
 
 def decode_request(body: bytes, header_length: int | None) -> InferRequest:
@@ -128,7 +133,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         datatype = spec.get("datatype")
         if datatype not in DATATYPES:
             raise ProtocolError(f"input {name!r}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}")
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         size = (spec.get("parameters") or {}).get("binary_data_size")
         if size is not None:
             if header_length is None:
@@ -275,7 +280,7 @@ def decode_response(body: bytes, header_length: int | None) -> dict[str, np.ndar
             raw = body[pos : pos + size]
             pos += size
             if t["datatype"] == "BYTES":
-                out[t["name"]] = _bytes_tensor(raw, int(np.prod(shape)), t["name"]).reshape(shape)
+                out[t["name"]] = _bytes_tensor(raw, math.prod(shape), t["name"]).reshape(shape)
             else:
                 out[t["name"]] = np.frombuffer(raw, dtype=DTYPES[t["datatype"]]).reshape(shape)
         else:

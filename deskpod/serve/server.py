@@ -30,10 +30,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
+
 from deskpod import __version__
 from deskpod.errors import DeskpodError, NotFoundError, TooLargeError, UsageError
 from deskpod.serve.batcher import ModelUnavailable, Overloaded, RequestTimeout
 from deskpod.serve.metrics import prometheus_text
+from deskpod.serve.protocol import DTYPES as _DTYPE
 from deskpod.serve.protocol import InferRequest, ProtocolError, datatype_of, decode_request, encode_response
 from deskpod.serve.registry import LoadedVersion, ModelNotFound, ModelRegistry
 from deskpod.serve.repository import ModelConfig
@@ -42,6 +45,7 @@ log = logging.getLogger("deskpod.serve")
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
            413: "Payload Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
            503: "Service Unavailable", 504: "Gateway Timeout"}  # fmt: skip
+_OBJECT = np.dtype(object)
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "model_configuration", "schedule_policy"]
 
 
@@ -79,32 +83,34 @@ def status_of(e: BaseException) -> int:
 
 def check_inputs(config: ModelConfig, req: InferRequest) -> None:
     """The request's tensors against the model's inputs: names, datatypes, shapes, batch size."""
-    want = {t.name for t in config.inputs}
-    unknown = sorted(set(req.inputs) - want)
-    if unknown:
-        raise ProtocolError(f"unknown input {unknown[0]!r}; model {config.name!r} has inputs {sorted(want)}")
-    missing = sorted(want - set(req.inputs))
-    if missing:
-        raise ProtocolError(f"missing input {missing[0]!r}; model {config.name!r} needs {sorted(want)}")
-    rows: set[int] = set()
+    if len(req.inputs) != len(config.inputs) or any(t.name not in req.inputs for t in config.inputs):
+        want = {t.name for t in config.inputs}
+        unknown = sorted(set(req.inputs) - want)
+        if unknown:
+            raise ProtocolError(f"unknown input {unknown[0]!r}; model {config.name!r} has inputs {sorted(want)}")
+        raise ProtocolError(
+            f"missing input {sorted(want - set(req.inputs))[0]!r}; model {config.name!r} needs {sorted(want)}"
+        )
+    rows = -1
+    batched = config.max_batch_size > 0
     for t in config.inputs:
         a = req.inputs[t.name]
-        if datatype_of(a.dtype) != t.datatype:
+        if a.dtype != _DTYPE.get(t.datatype, _OBJECT):
             raise ProtocolError(f"input {t.name!r} is {datatype_of(a.dtype)}, model expects {t.datatype}")
         shape = a.shape
-        expect = ["-1" if d == -1 else str(d) for d in t.dims]
-        if config.max_batch_size:
-            expect.insert(0, f"1..{config.max_batch_size}")
-            ok = len(shape) == len(t.dims) + 1 and 1 <= shape[0] <= config.max_batch_size
-            rows.add(shape[0] if shape else 0)
-            dims = shape[1:]
-        else:
-            ok, dims = True, shape
-        ok = ok and len(dims) == len(t.dims) and all(d == w or w == -1 for d, w in zip(dims, t.dims, strict=False))
+        dims = shape[1:] if batched else shape
+        ok = len(shape) == len(t.dims) + batched and (not batched or 1 <= shape[0] <= config.max_batch_size)
+        if ok and dims != t.dims:
+            ok = all(d == w or w == -1 for d, w in zip(dims, t.dims, strict=True))
         if not ok:
+            expect = ["-1" if d == -1 else str(d) for d in t.dims]
+            if batched:
+                expect.insert(0, f"1..{config.max_batch_size}")
             raise ProtocolError(f"input {t.name!r} has shape {list(shape)}, model expects [{', '.join(expect)}]")
-    if len(rows) > 1:
-        raise ProtocolError(f"inputs disagree on the batch size: {sorted(rows)}")
+        if batched:
+            if rows not in (-1, shape[0]):
+                raise ProtocolError(f"inputs disagree on the batch size: {rows} and {shape[0]}")
+            rows = shape[0]
     if req.outputs is not None:
         have = [t.name for t in config.outputs]
         for o in req.outputs:
@@ -269,8 +275,7 @@ class HttpConnection(asyncio.Protocol):
         self.head: tuple[str, str, dict[str, str], int, int] | None = None  # parsed, waiting for the body
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport subclasses
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
