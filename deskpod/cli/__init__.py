@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "deskpod.cli.pod",
     "deskpod.cli.topo",
     "deskpod.cli.doctor",
+    "deskpod.cli.plan",
 )
 
 

@@ -1,0 +1,1 @@
+"""The performance model: workloads, predictions, calibration, reports (``deskpod plan``)."""

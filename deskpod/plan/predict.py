@@ -1,0 +1,229 @@
+"""Predict a training run on a catalog machine x N nodes, from first principles and a few fitted factors.
+
+Per device and step (``b`` samples of a model with forward FLOPs ``F``, ``A`` activation elements):
+
+* **compute** ``= b x (3F / (e_c x peak) + k_m x A x bytes / memory_bandwidth)``: a FLOP term at the
+  device's peak for the precision and a memory-traffic term (each activation element moved ``k_m``
+  times per step), added because layers alternate between the two limits;
+* **communication**: an all-reduce of the gradients (parameters x bytes of the precision) over the
+  node's devices and the nodes, timed by `deskpod.comm.cost` (rings on the machine's topology, the
+  NICs nearest the GPUs across nodes) at a fitted efficiency ``e_n``; the backward pass hides up
+  to ``overlap`` of its time, the rest is **exposed**;
+* **input pipeline** (``data = real``): decoding ``b x devices`` images on the node's CPU cores at
+  ``r`` images/s per core, not hidden behind the step (the calibration figures fit that shape:
+  ``1/real = 1/synthetic + 1/input``).
+
+``step = compute + exposed communication + input``; images/s = ``b x devices x nodes / step``;
+scaling efficiency against one device x the device count; time to train = dataset x epochs /
+images/s; energy at the catalog's system power (or device power x count); cost at its list price.
+
+The factors ``e_c, k_m, e_n, overlap, r`` are fitted to the DGX-1 (P100) figures of
+``shared/reference/calibration.md`` only (`deskpod.plan.calibration.fit` recomputes them; a test
+checks that the defaults below are its output). Nothing else is fitted; no published result is
+looked up.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+
+from deskpod.comm.cost import MAX_NODES, Network, predict
+from deskpod.errors import UsageError
+from deskpod.hardware.catalog import Machine, find_machine
+from deskpod.hardware.topology import Topology
+from deskpod.plan.workload import BYTES_PER_ELEMENT, Precision, Workload
+
+PEAK_FALLBACK: dict[Precision, tuple[str, ...]] = {
+    "fp32": ("fp32",),
+    "tf32": ("tf32", "fp32"),
+    "fp16": ("fp16_tensor", "fp16", "fp32"),
+    "bf16": ("bf16", "fp16_tensor", "fp32"),
+}
+"""Which catalog peak a precision runs at: Tensor Cores where the device has them, else FP16, else FP32."""
+
+
+@dataclass(frozen=True, slots=True)
+class Factors:
+    """The fitted efficiency factors (defaults: `deskpod.plan.calibration.fit` on the DGX-1 P100 figures)."""
+
+    compute_efficiency: float = 1.822607
+    """e_c: achieved FLOP rate / peak, counting direct-convolution FLOPs (above 1: cuDNN's FFT and
+    Winograd kernels do fewer FLOPs than the direct count)."""
+    memory_passes: float = 18.518
+    """k_m: times each activation element crosses device memory per training step."""
+    comm_efficiency: float = 0.41
+    """e_n: achieved / modelled all-reduce bandwidth in the fitted framework (TensorFlow, May 2017)."""
+    overlap: float = 0.0
+    """Fraction of the backward pass that hides communication."""
+    input_images_per_core: float = 769.0
+    """r: images/s one CPU core decodes and augments (real data)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MachineFacts:
+    """What the planner needs from a catalog machine."""
+
+    name: str
+    title: str
+    kind: str
+    devices: int
+    peak_tflops: float
+    peak_key: str
+    memory_bandwidth_gbs: float
+    power_w: float
+    power_source: str
+    price_usd: float | None
+    cpu_cores: int
+    topology: Topology = field(repr=False)
+
+
+_CORES = re.compile(r"(\d+)\s*cores")
+
+
+def machine_facts(name: str, precision: Precision) -> MachineFacts:
+    """The catalog machine's facts for ``precision``; `UsageError` when the catalog lacks one the model needs."""
+    if precision not in PEAK_FALLBACK:
+        raise UsageError(f"unknown precision {precision!r}; valid: {', '.join(PEAK_FALLBACK)}")
+    return _facts(find_machine(name).name, precision)
+
+
+@functools.cache
+def _facts(name: str, precision: Precision) -> MachineFacts:
+    m: Machine = find_machine(name)
+    peak = None
+    for key in PEAK_FALLBACK[precision]:
+        spec = m.peak_tflops(key)
+        if spec:
+            peak = (spec.value, key)
+            break
+    if peak is None:
+        raise UsageError(f"machine {m.name!r} has no peak FLOPS for {precision} in the catalog; pick another machine")
+    bw = m.spec("device", "memory_bandwidth_gbs")
+    if bw is None:
+        raise UsageError(f"machine {m.name!r} has no memory bandwidth in the catalog")
+    system_power = m.spec("system", "power_w")
+    device_power = m.spec("device", "power_w")
+    if system_power:
+        power, psrc = system_power.value, "system power (catalog)"
+    elif device_power:
+        power, psrc = device_power.value * m.device_count, "device power x devices (catalog; no system figure)"
+    else:
+        power, psrc = 0.0, "unknown"
+    price = m.spec("system", "list_price_usd")
+    cores = 0
+    for text in (m.texts.get("cpus.model", ""), m.texts.get("device.model", "")):
+        found = _CORES.search(text)
+        if found:
+            count = m.spec("cpus", "count")
+            cores = int(found.group(1)) * int(count.value if count else 1)
+            break
+    return MachineFacts(
+        name=m.name, title=m.title, kind=m.kind, devices=m.device_count, peak_tflops=peak[0], peak_key=peak[1],
+        memory_bandwidth_gbs=bw.value, power_w=power, power_source=psrc, price_usd=price.value if price else None,
+        cpu_cores=cores, topology=m.topology(),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One prediction, with its breakdown (seconds per step unless named otherwise)."""
+
+    machine: str
+    nodes: int
+    devices_per_node: int
+    precision: Precision
+    peak_key: str
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    input_s: float
+    step_s: float
+    images_per_s: float
+    single_device_images_per_s: float
+    scaling_efficiency: float
+    time_to_train_s: float
+    energy_kwh: float
+    power_kw: float
+    price_usd: float | None
+    comm_algorithm: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def compute_time(w: Workload, f: MachineFacts, factors: Factors) -> float:
+    """Seconds for one device to run forward and backward over ``w.batch`` samples."""
+    flops = w.model.train_flops / (factors.compute_efficiency * f.peak_tflops * 1e12)
+    memory = factors.memory_passes * w.model.activations_m * 1e6 * BYTES_PER_ELEMENT[w.precision]
+    return w.batch * (flops + memory / (f.memory_bandwidth_gbs * 1e9))
+
+
+def predict_plan(
+    workload: Workload,
+    machine: str,
+    nodes: int = 1,
+    *,
+    devices_per_node: int | None = None,
+    network: Network | None = None,
+    factors: Factors | None = None,
+) -> Plan:
+    """Predict ``workload`` on ``nodes`` x ``machine`` (``devices_per_node`` of its devices each, default all)."""
+    factors = factors or Factors()
+    f = machine_facts(machine, workload.precision)
+    if not 1 <= nodes <= MAX_NODES:
+        raise UsageError(f"nodes must be 1..{MAX_NODES}, got {nodes}")
+    g = f.devices if devices_per_node is None else devices_per_node
+    if not 1 <= g <= f.devices:
+        raise UsageError(f"{f.name} has {f.devices} devices per node; asked for {g}")
+    if nodes > 1 and network is None and not f.topology.nics:
+        raise UsageError(f"{f.name} has no NICs in the catalog; give the network, e.g. --network 1x100 (NICs x Gb/s)")
+    compute = compute_time(workload, f, factors)
+    comm = 0.0
+    algorithm = "none"
+    if g * nodes > 1:
+        grad_bytes = int(workload.model.params_m * 1e6 * BYTES_PER_ELEMENT[workload.precision])
+        p = predict(f.topology, "all_reduce", grad_bytes, devices=range(g), nodes=nodes, network=network,
+                    efficiency=factors.comm_efficiency)  # fmt: skip
+        comm, algorithm = p.time_s, p.algorithm
+    backward = compute * 2 / 3
+    exposed = max(0.0, comm - factors.overlap * backward)
+    input_s = 0.0
+    if workload.data == "real":
+        cores = f.cpu_cores or 32
+        input_s = workload.batch * g / (factors.input_images_per_core * cores)
+    step = compute + exposed + input_s
+    rate = workload.batch * g * nodes / step
+    single = workload.batch / (compute + (workload.batch / (factors.input_images_per_core * (f.cpu_cores or 32))
+                                          if workload.data == "real" else 0.0))  # fmt: skip
+    ttt = workload.dataset_images * workload.epochs / rate
+    power_kw = f.power_w * nodes / 1000
+    return Plan(
+        machine=f.name, nodes=nodes, devices_per_node=g, precision=workload.precision, peak_key=f.peak_key,
+        compute_s=compute, comm_s=comm, exposed_comm_s=exposed, input_s=input_s, step_s=step, images_per_s=rate,
+        single_device_images_per_s=single, scaling_efficiency=rate / (single * g * nodes), time_to_train_s=ttt,
+        energy_kwh=power_kw * ttt / 3600, power_kw=power_kw,
+        price_usd=f.price_usd * nodes if f.price_usd is not None else None, comm_algorithm=algorithm,
+    )  # fmt: skip
+
+
+def match_nodes(workload: Workload, machine: str, target_images_per_s: float, *, network: Network | None = None,
+                factors: Factors | None = None, limit: int = MAX_NODES) -> int | None:  # fmt: skip
+    """Fewest nodes of ``machine`` reaching ``target_images_per_s`` (None if even ``limit`` nodes fall short)."""
+    if target_images_per_s <= 0:
+        raise UsageError(f"target must be positive, got {target_images_per_s}")
+
+    def rate(n: int) -> float:
+        return predict_plan(workload, machine, n, network=network, factors=factors).images_per_s
+
+    if rate(limit) < target_images_per_s:
+        return None
+    lo, hi = 1, limit  # rate grows with nodes in this model (per-node NIC bandwidth is fixed)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if rate(mid) >= target_images_per_s:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -1,0 +1,126 @@
+"""The planner: its inputs recomputed, its fit reproduced, its arithmetic, its CLI and bad inputs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from deskpod.cli import main
+from deskpod.errors import UsageError
+from deskpod.plan.calibration import POINTS, calibration_table, fit
+from deskpod.plan.predict import Factors, match_nodes, predict_plan
+from deskpod.plan.workload import MODELS, Workload, find_model
+
+
+@pytest.mark.parametrize("name", ["alexnet", "resnet50"])
+def test_model_costs_are_what_torchvision_computes(name: str) -> None:
+    import torch
+    import torchvision
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = getattr(torchvision.models, name)()
+    acts: list[int] = []
+    for mod in model.modules():
+        if not list(mod.children()):
+            mod.register_forward_hook(lambda _m, _i, o: acts.append(o.numel()))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, 3, 224, 224))
+    cost = MODELS[name]
+    assert counter.get_total_flops() / 1e9 == pytest.approx(cost.forward_gflops, rel=1e-6)
+    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(cost.params_m, rel=1e-6)
+    assert sum(acts) / 1e6 == pytest.approx(cost.activations_m, rel=1e-6)
+
+
+def test_defaults_are_the_fit_of_the_calibration_figures() -> None:
+    fitted = fit()
+    for key, value in asdict(Factors()).items():
+        assert asdict(fitted)[key] == pytest.approx(value, rel=1e-4), key
+
+
+def test_plan_reproduces_its_calibration_figures() -> None:
+    rows = calibration_table()
+    assert len(rows) == len(POINTS) == 15
+    for r in rows:
+        ratio = float(r["ratio"])  # type: ignore[arg-type]
+        if r["gpus"] == 1 and r["data"] == "synthetic":
+            assert ratio == pytest.approx(1.0, abs=1e-3)  # fitted exactly
+        else:
+            assert 0.85 <= ratio <= 1.25, r  # AlexNet at 8 GPUs is the worst: 1.245 (see docs/benchmarks.md)
+
+
+def test_breakdown_adds_up() -> None:
+    w = Workload(MODELS["resnet50"], batch=64, precision="fp16")
+    p = predict_plan(w, "dgx1-v100", 4)
+    assert p.step_s == pytest.approx(p.compute_s + p.exposed_comm_s + p.input_s)
+    assert p.images_per_s == pytest.approx(64 * 8 * 4 / p.step_s)
+    assert p.time_to_train_s == pytest.approx(w.dataset_images * 90 / p.images_per_s)
+    assert p.energy_kwh == pytest.approx(3.2 * 4 * p.time_to_train_s / 3600)
+    assert 0 < p.scaling_efficiency < 1 and p.comm_algorithm in ("ring", "tree")
+    one = predict_plan(w, "dgx1-v100", 1, devices_per_node=1)
+    assert one.comm_s == 0 and one.scaling_efficiency == pytest.approx(1.0)
+
+
+def test_more_nodes_more_images_per_second_and_newer_gpus_are_faster() -> None:
+    w = Workload(MODELS["resnet50"], batch=64, data="synthetic")
+    rates = [predict_plan(w, "dgx1-p100", n).images_per_s for n in (1, 2, 16, 124)]
+    assert rates == sorted(rates)
+    p100, v100 = (predict_plan(w, m).images_per_s for m in ("dgx1-p100", "dgx1-v100"))
+    assert v100 > p100
+    assert match_nodes(w, "dgx1-p100", rates[2]) == 16
+
+
+def test_bad_model_and_machine_names_suggest() -> None:
+    with pytest.raises(UsageError, match="did you mean 'resnet50'"):
+        find_model("resnet-5O")
+    with pytest.raises(UsageError, match="did you mean 'dgx1-v100'"):
+        predict_plan(Workload(MODELS["alexnet"]), "dgx1-v10")
+    with pytest.raises(UsageError, match="no peak FLOPS"):
+        predict_plan(Workload(MODELS["alexnet"]), "pcie-8gpu")
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["predict", "--machine", "dgx-1x"], "unknown machine 'dgx-1x'; did you mean"),
+        (["predict", "--model", "alexnett"], "did you mean 'alexnet'"),
+        (["predict", "--global-batch", "4"], "global batch 4 is fewer samples than the 8 devices"),
+        (["predict", "--nodes", "0"], "nodes must be 1..100000"),
+        (["predict", "--nodes", "1000000"], "nodes must be 1..100000"),
+        (["predict", "--batch", "0"], "batch must be at least 1"),
+        (["predict", "--epochs", "-1"], "epochs must be positive"),
+        (["predict", "--precision", "fp8"], "unknown precision 'fp8'"),
+        (["predict", "--devices", "9"], "has 8 devices per node"),
+        (["predict", "--gflops", "2"], "give both --gflops and --params"),
+        (["predict", "--nodes", "2", "--machine", "xeon"], "no NICs in the catalog"),
+        (["predict", "--network", "fast"], "bad network"),
+        (["compare", "dgx1-p100:x"], "write MACHINE or MACHINE:NODES"),
+        (["nodes", "--machine", "dgx1-v100", "--hours", "0"], "--hours must be positive"),
+        (["comm", "dgx1-v100", "--devices", "0,0"], "bad or repeated device"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _cli(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+
+
+def test_cli_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "predict", "--machine", "dgx1-v100", "--nodes", "2", "--precision", "fp16", "--json")
+    assert code == 0 and json.loads(out)[0]["nodes"] == 2
+    code, out, _ = _cli(capsys, "compare", "--model", "alexnet", "dgx1-p100", "xeon-e5-2697v3-2s", "dgx1-p100:124")
+    assert code == 0 and "xeon-e5-2697v3-2s:1 vs dgx1-p100:1" in out
+    code, out, _ = _cli(capsys, "match", "--machine", "xeon", "--target", "dgx1-p100", "--network", "1x10", "--json")
+    got = json.loads(out)
+    assert code == 0 and got["nodes_with_communication"] >= got["ideal_nodes"] > 1
+    code, out, _ = _cli(capsys, "nodes", "--machine", "dgx1-v100", "--images-per-s", "20000", "--json")
+    assert code == 0 and json.loads(out)["plan"]["images_per_s"] >= 20000
+    code, out, _ = _cli(capsys, "comm", "dgx1-v100")
+    assert code == 0 and "6 ring(s), nvlink, 150 GB/s" in out
