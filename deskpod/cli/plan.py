@@ -70,6 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=run_comm)
 
+    rep = plan.add_parser("report", help="Markdown + PNG: the DGX-1's headline claims against the model, with errors")
+    rep.add_argument("--out", default="plan-report", help="folder for report.md and the plots (default plan-report)")
+    rep.set_defaults(func=run_report)
+
     f = plan.add_parser("fit", help="refit the model's factors to the DGX-1 (P100) figures and show the fit")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=run_fit)
@@ -271,4 +275,19 @@ def run_fit(args: argparse.Namespace) -> int:
     print(f"{'model':<10}{'GPUs':>5}{'data':>11}{'published':>11}{'predicted':>11}{'ratio':>7}")
     for r in table:
         print(f"{r['model']:<10}{r['gpus']:>5}{r['data']:>11}{r['published']:>11}{r['predicted']:>11}{r['ratio']:>7}")
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deskpod.errors import UsageError
+    from deskpod.plan.report import write_report
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    path = write_report(out)
+    print(path.read_text())
+    print(f"wrote {path}, {out / 'claims.png'}, {out / 'calibration.png'}")
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from deskpod.plan.predict import Factors, predict_plan
 from deskpod.plan.workload import MODELS, Workload
@@ -101,7 +102,7 @@ def fit() -> Factors:
     return replace(comm, input_images_per_core=float(rate))
 
 
-def calibration_table(factors: Factors | None = None) -> list[dict[str, object]]:
+def calibration_table(factors: Factors | None = None) -> list[dict[str, Any]]:
     """Every calibration figure beside the model's prediction."""
     factors = factors or Factors()
     out = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,16 @@ def test_cli_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and json.loads(out)["plan"]["images_per_s"] >= 20000
     code, out, _ = _cli(capsys, "comm", "dgx1-v100")
     assert code == 0 and "6 ring(s), nvlink, 150 GB/s" in out
+
+
+def test_report_writes_markdown_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, _ = _cli(capsys, "report", "--out", str(tmp_path / "r"))
+    assert code == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert text.count("\n| ") >= 12 + 15  # every claim and every calibration figure
+    assert "| DGX-1 (P100): 170 FP16 TFLOPS |" in text and "within ±20%" in text.lower()
+    for png in ("claims.png", "calibration.png"):
+        assert (tmp_path / "r" / png).read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "file").write_text("x")
+    code, _, err = _cli(capsys, "report", "--out", str(tmp_path / "file"))
+    assert code == 2 and "not a folder" in err

@@ -1,0 +1,170 @@
+"""``deskpod plan report``: the DGX-1's headline claims, and later machines' published figures, against the model.
+
+Each row: the claim as published, its source (``shared/reference/calibration.md`` §4.4), what the
+model predicts for the same thing, the ratio predicted / claimed and the error. None of these
+figures was used to fit the model (it is fitted to the DGX-1 P100 TensorFlow table only), so the
+error column is the model's honest out-of-sample error. Where the claim leaves something open
+(epochs, precision, batch), the assumption is written in the row.
+
+Writes ``report.md`` and two PNGs (``claims.png``: ratio per claim; ``calibration.png``: the
+fitted DGX-1 P100 scaling, published against predicted) into the output folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deskpod.plan.predict import machine_facts, predict_plan
+from deskpod.plan.workload import MODELS, Precision, Workload
+
+ITWIRE = "itwire.com DGX-1 article (calibration.md 4.4)"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    claim: str
+    source: str
+    claimed: float
+    unit: str
+    assumption: str
+    predict: Callable[[], float]
+
+
+def _w(model: str, precision: Precision, batch: int, data: Any = "real", epochs: float = 90) -> Workload:
+    return Workload(MODELS[model], batch=batch, precision=precision, data=data, epochs=epochs)
+
+
+def _hours(w: Workload, machine: str, nodes: int = 1) -> float:
+    return predict_plan(w, machine, nodes).time_to_train_s / 3600
+
+
+def _rate(w: Workload, machine: str, nodes: int = 1) -> float:
+    return predict_plan(w, machine, nodes).images_per_s
+
+
+ALEX_GPU = _w("alexnet", "fp16", 512)
+ALEX_CPU = _w("alexnet", "fp32", 512)
+R50_GPU = _w("resnet50", "fp16", 64)
+R50_CPU = _w("resnet50", "fp32", 64)
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("DGX-1 (P100): 170 FP16 TFLOPS", "datascienceassn.org; itwire", 170, "TFLOPS",
+          "8 x the catalog's P100 FP16 peak", lambda: 8 * machine_facts("dgx1-p100", "fp16").peak_tflops),
+    Claim("AlexNet takes 2 hours on a DGX-1", ITWIRE, 2, "h", "90 epochs of ImageNet-1k, FP16, batch 512/GPU, real data",
+          lambda: _hours(ALEX_GPU, "dgx1-p100")),
+    Claim("... against 150 hours on a dual Xeon server", ITWIRE, 150, "h",
+          "same run in FP32 on the dual E5-2697 v3 model", lambda: _hours(ALEX_CPU, "xeon-e5-2697v3-2s")),
+    Claim("75x faster DL training than a dual Xeon E5-2697 v3", "sheffield_hpc dgx-1.rst; deskpod source documents",
+          75, "x", "AlexNet images/s, DGX-1 P100 FP16 over dual Xeon FP32",
+          lambda: _rate(ALEX_GPU, "dgx1-p100") / _rate(ALEX_CPU, "xeon-e5-2697v3-2s")),
+    Claim("more than 250 Xeon servers to match a DGX-1", ITWIRE, 250, "servers",
+          "AlexNet images/s ratio: servers at perfect scaling (a lower bound)",
+          lambda: _rate(ALEX_GPU, "dgx1-p100") / _rate(ALEX_CPU, "xeon-e5-2697v3-2s")),
+    Claim("DGX-1V vs DGX-1P: up to 3.1x faster CNN training", "DGX-1V whitepaper (leslivresblancs.fr)", 3.1, "x",
+          "ResNet-50 synthetic, 8 GPUs: V100 FP16 Tensor Cores over P100 FP32",
+          lambda: _rate(_w("resnet50", "fp16", 64, "synthetic"), "dgx1-v100")
+          / _rate(_w("resnet50", "fp32", 64, "synthetic"), "dgx1-p100")),
+    Claim("ResNet-50, 90 epochs: DGX-1 (V100) 7.4 h", "scan.co.uk deep-learning-hardware", 7.4, "h",
+          "FP16, batch 64/GPU, real data", lambda: _hours(R50_GPU, "dgx1-v100")),
+    Claim("ResNet-50, 90 epochs: dual Xeon E5-2699 v4 711 h", "scan.co.uk deep-learning-hardware", 711, "h",
+          "FP32 on the catalog's dual E5-2697 v3 (the E5-2699 v4 is not in the catalog: 22 vs 14 cores)",
+          lambda: _hours(R50_CPU, "xeon-e5-2697v3-2s")),
+    Claim("HGX-2 / DGX-2: 15,500 images/s on ResNet-50", "ZDNet via blog.cynexia.com", 15500, "images/s",
+          "DGX-2, FP16, batch 64/GPU, real data", lambda: _rate(R50_GPU, "dgx-2")),
+    Claim("DGX-2 measured: ResNet-18 ~30,800 images/s", "CESNET/eInfra-docs dgx2/job_execution.md", 30800, "images/s",
+          "FP16, batch 512/GPU, 16 GPUs, real data", lambda: _rate(_w("resnet18", "fp16", 512), "dgx-2")),
+    Claim("DGX-2: AlexNet now takes 18 minutes", "CESNET/eInfra-docs dgx2/introduction.md", 0.3, "h",
+          "90 epochs, FP16, batch 512/GPU, real data", lambda: _hours(ALEX_GPU, "dgx-2")),
+    Claim("DGX A100: 5 PFLOPS", "gadgetmix.com A100 article", 5000, "TFLOPS",
+          "8 x the catalog's dense FP16 peak (the 5 PF figure counts 2:4 sparsity)",
+          lambda: 8 * machine_facts("dgx-a100", "fp16").peak_tflops),
+)  # fmt: skip
+
+
+def evaluate() -> list[dict[str, Any]]:
+    rows = []
+    for c in CLAIMS:
+        pred = c.predict()
+        rows.append({"claim": c.claim, "source": c.source, "claimed": c.claimed, "unit": c.unit,
+                     "predicted": pred, "ratio": pred / c.claimed, "error_pct": (pred / c.claimed - 1) * 100,
+                     "assumption": c.assumption})  # fmt: skip
+    return rows
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.3g}"
+
+
+def markdown(rows: list[dict[str, Any]], calibration: list[dict[str, Any]]) -> str:
+    within = sum(1 for r in rows if abs(float(r["error_pct"])) <= 20)
+    lines = [
+        "# deskpod plan report: the DGX-1's claims against the model",
+        "",
+        "The model is fitted only to the DGX-1 (P100) TensorFlow table (calibration.md 4.2); every row below is",
+        f"out of sample. Within ±20%: {within} of {len(rows)} rows.",
+        "",
+        "| claim | source | claimed | predicted | ratio | error | assumption |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['claim']} | {r['source']} | {_fmt(float(r['claimed']))} {r['unit']} | "
+            f"{_fmt(float(r['predicted']))} {r['unit']} | {float(r['ratio']):.2f} | "
+            f"{float(r['error_pct']):+.0f}% | {r['assumption']} |"
+        )
+    lines += ["", "## The fit (DGX-1 P100, TensorFlow, May 2017)", "",
+              "| model | GPUs | data | published images/s | predicted | ratio |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for c in calibration:
+        lines.append(
+            f"| {c['model']} | {c['gpus']} | {c['data']} | {c['published']} | {c['predicted']} | {c['ratio']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path) -> Path:
+    """Write report.md, claims.png and calibration.png into ``out``; return the Markdown path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from deskpod.plan.calibration import calibration_table
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = evaluate()
+    cal = calibration_table()
+    path = out / "report.md"
+    path.write_text(markdown(rows, cal))
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    names = [str(r["claim"])[:48] for r in rows]
+    ratios = [float(r["ratio"]) for r in rows]
+    ax.barh(names, ratios, color=["tab:green" if 0.8 <= x <= 1.2 else "tab:red" for x in ratios])
+    ax.axvline(1.0, color="black", lw=1)
+    ax.axvspan(0.8, 1.2, color="tab:green", alpha=0.1)
+    ax.set_xscale("log")
+    ax.set_xlabel("predicted / claimed (green band: ±20%)")
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(out / "claims.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for model, data, style in (("resnet50", "synthetic", "o-"), ("alexnet", "synthetic", "s-"),
+                               ("resnet50", "real", "o--"), ("alexnet", "real", "s--")):  # fmt: skip
+        pts = [c for c in cal if c["model"] == model and c["data"] == data]
+        gpus = [int(c["gpus"]) for c in pts]
+        ax.plot(gpus, [float(c["published"]) for c in pts], style, label=f"{model} {data} published")
+        ax.plot(gpus, [float(c["predicted"]) for c in pts], style, alpha=0.4, label=f"{model} {data} predicted")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs (DGX-1 P100)")
+    ax.set_ylabel("images/s")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / "calibration.png", dpi=100)
+    plt.close(fig)
+    return path
