@@ -262,6 +262,67 @@ def direct_ort_ms(path: Path, shape: tuple[int, ...], threads: int, n: int = 200
     return float(np.median(ts) * 1000), y
 
 
+def _paired(rows: list[dict[str, Any]], a: tuple[str, str, int], b: tuple[str, str, int]) -> dict[str, Any]:
+    """Per-repeat ratio of a to b (measured back to back, so background load hits both alike), and the median."""
+
+    def level(key: tuple[str, str, int]) -> dict[int, dict[str, Any]]:
+        return {r["repeat"]: r for r in rows if (r["server"], r["model"], r["concurrency"]) == key}
+
+    ra, rb = level(a), level(b)
+    reps = sorted(set(ra) & set(rb))
+    ratios = [ra[i]["throughput"] / rb[i]["throughput"] for i in reps]
+    return {
+        "ratios": [round(x, 3) for x in ratios],
+        "median": float(np.median(ratios)),
+        "throughput": [
+            float(np.median([ra[i]["throughput"] for i in reps])),
+            float(np.median([rb[i]["throughput"] for i in reps])),
+        ],
+        "p99_ms": [
+            float(np.median([ra[i]["p99_ms"] for i in reps])),
+            float(np.median([rb[i]["p99_ms"] for i in reps])),
+        ],
+        "p50_ms": [
+            float(np.median([ra[i]["p50_ms"] for i in reps])),
+            float(np.median([rb[i]["p50_ms"] for i in reps])),
+        ],
+    }
+
+
+def summarize(rows: list[dict[str, Any]], direct: dict[str, float]) -> dict[str, Any]:
+    """The targets, as medians over repeats of paired (back-to-back) measurements."""
+    p50 = float(
+        np.median([r["p50_ms"] for r in rows if (r["server"], r["model"], r["concurrency"]) == ("deskpod", "mlp", 1)])
+    )
+    summary: dict[str, Any] = {"direct_ort_p50_ms": direct, "mlp_overhead_ms": p50 - direct["mlp"]}
+    for model in ("mlp", "resnet18"):
+        summary[f"{model}_batching_gain_c32"] = _paired(rows, ("deskpod", model, 32), ("deskpod", f"{model}_b1", 32))
+        if any(r["server"] == "triton" for r in rows):
+            for c in (1, 32):
+                summary[f"{model}_c{c}_vs_triton"] = _paired(rows, ("deskpod", model, c), ("triton", model, c))
+    big = [r for r in rows if r["concurrency"] == 1000]
+    if big:
+        summary["mlp_c1000"] = {
+            k: big[0].get(k) for k in ("throughput", "p99_ms", "errors", "rss_before_mb", "rss_after_mb")
+        }
+    return summary
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The comparison table for docs/benchmarks.md."""
+    out = ["| model | clients | deskpod req/s | Triton req/s | deskpod / Triton (per repeat) | p99 ms deskpod | p99 ms Triton |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for model in ("mlp", "resnet18"):
+        for c in (1, 32):
+            v = summary.get(f"{model}_c{c}_vs_triton")
+            if v:
+                out.append(
+                    f"| {model} | {c} | {v['throughput'][0]:.1f} | {v['throughput'][1]:.1f} | **{v['median']:.2f}x** "
+                    f"({', '.join(f'{x:.2f}' for x in v['ratios'])}) | {v['p99_ms'][0]:.2f} | {v['p99_ms'][1]:.2f} |"
+                )
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-triton", action="store_true")
@@ -326,27 +387,8 @@ def main() -> None:
         for proc, _ in procs.values():
             stop(proc)
 
-    def get(server: str, model: str, c: int) -> dict[str, Any]:
-        """The median-throughput repeat of one level (its own p99 with it)."""
-        rs = sorted((r for r in rows if r["server"] == server and r["model"] == model and r["concurrency"] == c),
-                    key=lambda r: r["throughput"])  # fmt: skip
-        return rs[(len(rs) - 1) // 2]
-
-    summary: dict[str, Any] = {"direct_ort_p50_ms": direct}
-    mlp1 = get("deskpod", "mlp", 1)
-    summary["mlp_overhead_ms"] = mlp1["p50_ms"] - direct["mlp"]
-    summary["mlp_batching_gain_c32"] = (
-        get("deskpod", "mlp", 32)["throughput"] / get("deskpod", "mlp_b1", 32)["throughput"]
-    )
-    summary["resnet18_batching_gain_c32"] = (
-        get("deskpod", "resnet18", 32)["throughput"] / get("deskpod", "resnet18_b1", 32)["throughput"]
-    )
-    if "triton" in servers:
-        for model in ("mlp", "resnet18"):
-            for c in (1, 32):
-                dk, tr = get("deskpod", model, c), get("triton", model, c)
-                summary[f"{model}_c{c}_throughput_ratio"] = dk["throughput"] / tr["throughput"]
-                summary[f"{model}_c{c}_p99_ms"] = {"deskpod": dk["p99_ms"], "triton": tr["p99_ms"]}
+    summary = summarize(rows, direct)
+    print(markdown(summary))
     print(json.dumps({"summary": summary, "rows": rows}, indent=1))
     if args.out:
         args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
