@@ -25,7 +25,7 @@ Layout (the same shape as Triton's, with TOML instead of protobuf text)::
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,6 @@ class ModelConfig:
     labels: tuple[str, ...] = ()
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.platform not in PLATFORMS:
@@ -92,7 +91,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, name: str, doc: dict[str, Any]) -> ModelConfig:
-        valid = {f.name for f in fields(cls)} - {"name", "inputs", "outputs", "extra"} | {"input", "output"}
+        valid = {f.name for f in fields(cls)} - {"name", "inputs", "outputs"} | {"input", "output"}
         unknown = sorted(set(doc) - valid)
         if unknown:
             raise ConfigError(f"model {name!r}: unknown config keys {unknown}; valid: {sorted(valid)}")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
+import pytest
 
 from deskpod.serve.loadgen import LoadSpec, check, closed_loop, format_table, inputs_from_metadata, open_loop
 from tests.serve.conftest import Server
@@ -31,3 +33,13 @@ def test_errors_are_counted_by_status(server: Server) -> None:
     spec = LoadSpec(port=server.port, model="mlp", inputs=inputs, duration_s=0.2, warmup_s=0.0)
     r = asyncio.run(closed_loop(spec, 2))
     assert r.ok == 0 and r.errors.get("400", 0) > 0
+
+
+def test_bench_serve_cli(server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    from deskpod.cli import main
+
+    argv = ["bench", "serve", "--url", server.url, "--model", "mlp", "--concurrency", "2", "--rate", "50"]
+    assert main([*argv, "--duration", "0.3", "--warmup", "0.1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["mode"], r["level"]) for r in rows] == [("closed", 2), ("open", 50)] and all(r["ok"] > 0 for r in rows)
+    assert main(["bench", "serve", "--url", "nonsense", "--model", "mlp"]) == 2

@@ -218,3 +218,32 @@ def test_unload_and_reload_while_serving(server: Server) -> None:
     np.testing.assert_allclose(
         infer(server, "mlp_torch", x).as_numpy("logits"), expected(server, x), rtol=1e-4, atol=1e-5
     )
+
+
+def test_compressed_request(server: Server) -> None:
+    x = np.random.default_rng(5).random((2, 2, 4, 4), dtype=np.float32)
+    inp = tritonclient_http.InferInput("input", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    for algo in ("gzip", "deflate"):
+        r = client(server).infer("mlp", [inp], request_compression_algorithm=algo, response_compression_algorithm=algo)
+        np.testing.assert_allclose(r.as_numpy("logits"), expected(server, x), rtol=1e-4, atol=1e-5)
+
+
+def test_config_errors_name_the_bad_value(tmp_path: Any) -> None:
+    from deskpod.errors import ConfigError
+    from deskpod.serve.repository import read_config
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.toml").write_text('platform = "onnxruntime"\nmax_batch = 4\n')
+    with pytest.raises(ConfigError, match=r"unknown config keys \['max_batch'\]"):
+        read_config(tmp_path / "m")
+    (tmp_path / "m" / "config.toml").write_text('platform = "tensorrt"\n')
+    with pytest.raises(ConfigError, match="platform 'tensorrt' is not one of"):
+        read_config(tmp_path / "m")
+
+
+def test_serve_cli_refuses_a_missing_repository(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from deskpod.cli import main
+
+    assert main(["serve", str(tmp_path / "nowhere"), "--port", "0"]) == 2
+    assert "is not a folder" in capsys.readouterr().err
