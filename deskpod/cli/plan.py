@@ -74,6 +74,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     rep.add_argument("--out", default="plan-report", help="folder for report.md and the plots (default plan-report)")
     rep.set_defaults(func=run_report)
 
+    cal = plan.add_parser(
+        "calibrate", help="measure this box (doctor, bench train, bench comm) and fit machine 'local'"
+    )
+    cal.add_argument("--model", default="resnet18", help="model bench train runs (default resnet18)")
+    cal.add_argument("--shape", default="3x112x112", help="synthetic input CxHxW (default 3x112x112)")
+    cal.add_argument("--batch", type=int, default=8, help="samples per device (default 8)")
+    cal.add_argument("--steps", type=int, default=3, help="timed training steps (default 3)")
+    cal.add_argument("--from-json", default=None, metavar="FILE", help="fit recorded measurements instead of measuring")
+    cal.add_argument("--json", action="store_true")
+    cal.set_defaults(func=run_calibrate)
+
     f = plan.add_parser("fit", help="refit the model's factors to the DGX-1 (P100) figures and show the fit")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=run_fit)
@@ -290,4 +301,83 @@ def run_report(args: argparse.Namespace) -> int:
     path = write_report(out)
     print(path.read_text())
     print(f"wrote {path}, {out / 'claims.png'}, {out / 'calibration.png'}")
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> Any:
+    """Run doctor, bench train and bench comm on this box (the CLI orchestrates; plan stays below train)."""
+    import statistics
+
+    from deskpod.comm.bench import CommBenchConfig, run_comm_bench
+    from deskpod.errors import RunError
+    from deskpod.hardware.doctor import run_doctor
+    from deskpod.plan.local import Measurements, scaled_model
+    from deskpod.train.bench import BenchRequest, run_bench
+    from deskpod.train.data import parse_shape
+
+    def log(text: str) -> None:
+        if not args.json:
+            print(text, flush=True)
+
+    c, h, w = parse_shape(args.shape)
+    model = scaled_model(args.model, (c, h, w))
+    log("calibrate: deskpod doctor (matmul and memory copy per device) ...")
+    report = run_doctor()
+
+    def median_of(name: str) -> float:
+        values = [ck.measured for ck in report.checks if ck.name == name and ck.measured is not None]
+        if not values:
+            raise RunError(f"calibrate: doctor measured no {name}")
+        return float(statistics.median(values))
+
+    peak, copy = median_of("matmul fp32"), median_of("memory copy")
+    log(f"calibrate: bench train {args.model} {args.shape} batch {args.batch} on every device ...")
+    train = run_bench(BenchRequest(model=args.model, data=f"synthetic:{args.shape}", batch_size=args.batch,
+                                   steps=args.steps, warmup=1, reference=False))  # fmt: skip
+    row = train["rows"][-1]
+    busbw = 0.0
+    if row["devices"] > 1:
+        grad = int(model.params_m * 1e6 * 4)
+        log(f"calibrate: bench comm all_reduce of {grad} bytes ...")
+        comm = run_comm_bench(CommBenchConfig(collectives=("all_reduce",), min_bytes=grad, max_bytes=grad, iters=5,
+                                              warmup=2, devices=row["devices"]))  # fmt: skip
+        if comm["wrong"]:
+            raise RunError("calibrate: bench comm returned wrong results")
+        busbw = comm["rows"][-1]["busbw"]
+    from deskpod.environment import Environment
+
+    return Measurements(kind=report.kind, devices=row["devices"], cores=Environment.read().cpu_count, peak_tflops=peak,
+                        memory_bandwidth_gbs=copy, model=args.model, batch=args.batch, shape=(c, h, w),
+                        images_per_s=row["images_per_s"], comm_busbw_gbs=busbw)  # fmt: skip
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deskpod.environment import Environment
+    from deskpod.errors import UsageError
+    from deskpod.hardware.placement import local_topology
+    from deskpod.plan.local import Measurements, fit_local, save, summary
+
+    if args.from_json:
+        try:
+            data = json.loads(Path(args.from_json).read_text())
+            data["shape"] = tuple(data["shape"])
+            measured = Measurements(**data)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise UsageError(f"--from-json {args.from_json}: not a measurements file ({e})") from None
+    else:
+        measured = _measure(args)
+    cal = fit_local(measured, local_topology())
+    path = save(cal, Environment.read().home)
+    if args.json:
+        print(json.dumps(summary(cal), indent=2))
+        return 0
+    m = cal.measurements
+    print(f"measured: {m.devices} {m.kind} device(s): {m.peak_tflops:.4g} TFLOP/s fp32 and {m.memory_bandwidth_gbs:.4g} GB/s "
+          f"each; {m.model} {m.shape[1]}x{m.shape[2]} batch {m.batch}: {m.images_per_s:.4g} images/s; "
+          f"all-reduce busbw {m.comm_busbw_gbs:.4g} GB/s (ring model {cal.ring_bandwidth:g} GB/s)")  # fmt: skip
+    print(f"fitted: compute_efficiency {cal.factors.compute_efficiency}, comm_efficiency {cal.factors.comm_efficiency} "
+          f"(others as fitted on the DGX-1: memory_passes {cal.factors.memory_passes}, overlap {cal.factors.overlap})")  # fmt: skip
+    print(f"stored in {path}; use it with: deskpod plan predict --machine local")
     return 0

@@ -20,7 +20,8 @@ images/s; energy at the catalog's system power (or device power x count); cost a
 The factors ``e_c, k_m, e_n, overlap, r`` are fitted to the DGX-1 (P100) figures of
 ``shared/reference/calibration.md`` only (`deskpod.plan.calibration.fit` recomputes them; a test
 checks that the defaults below are its output). Nothing else is fitted; no published result is
-looked up.
+looked up. Machine ``local`` is this box as ``deskpod plan calibrate`` measured and fitted it
+(`deskpod.plan.local`); it runs every precision at its measured FP32 matmul rate.
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ def machine_facts(name: str, precision: Precision) -> MachineFacts:
     """The catalog machine's facts for ``precision``; `UsageError` when the catalog lacks one the model needs."""
     if precision not in PEAK_FALLBACK:
         raise UsageError(f"unknown precision {precision!r}; valid: {', '.join(PEAK_FALLBACK)}")
+    if name == "local":
+        from deskpod.hardware.placement import local_topology
+        from deskpod.plan.local import facts, load
+
+        return facts(load().measurements, local_topology())
     return _facts(find_machine(name).name, precision)
 
 
@@ -170,6 +176,10 @@ def predict_plan(
     factors: Factors | None = None,
 ) -> Plan:
     """Predict ``workload`` on ``nodes`` x ``machine`` (``devices_per_node`` of its devices each, default all)."""
+    if factors is None and machine == "local":
+        from deskpod.plan.local import load
+
+        factors = load().factors
     factors = factors or Factors()
     f = machine_facts(machine, workload.precision)
     if not 1 <= nodes <= MAX_NODES:

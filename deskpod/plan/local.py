@@ -1,0 +1,159 @@
+"""This box as a planner machine: ``deskpod plan calibrate`` measures it and fits the factors to it.
+
+The catalog knows reference machines; this box is usually not one of them. Calibration measures
+what the model needs (``deskpod doctor``'s per-device matmul FP32 rate and memory copy bandwidth
+stand in for the peak and the memory bandwidth), then what it predicts (``bench train`` images/s on
+every device, ``bench comm`` all-reduce bus bandwidth at the model's gradient size), and fits:
+
+* ``comm_efficiency`` = measured busbw / the ring bandwidth the topology model gives this box;
+* ``compute_efficiency`` from the measured step: step - modelled all-reduce = modelled compute,
+  with ``memory_passes`` kept at its DGX-1 fit (one measurement cannot separate the two terms).
+
+The result is stored in ``DESKPOD_HOME/plan/local.json`` and shown; ``deskpod plan predict
+--machine local`` then uses this box's facts and factors, so its plan for the measured run matches
+the measurement by construction, and other runs (models, batches, precisions) are predictions.
+Model costs are for 224x224 inputs; a calibration at another size scales FLOPs and activations by
+the pixel count (exact for convolutions; the final layers of ResNets do not depend on it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from deskpod.comm.cost import predict
+from deskpod.comm.rings import build_rings
+from deskpod.errors import RunError, UsageError
+from deskpod.hardware.topology import Topology
+from deskpod.plan.predict import Factors, MachineFacts, compute_time
+from deskpod.plan.workload import BYTES_PER_ELEMENT, ModelCost, Workload, find_model
+
+LOCAL = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class Measurements:
+    """What calibration measured on this box."""
+
+    kind: str
+    devices: int
+    cores: int
+    peak_tflops: float
+    """Per device: doctor's matmul FP32 rate."""
+    memory_bandwidth_gbs: float
+    """Per device: doctor's memory copy bandwidth."""
+    model: str
+    batch: int
+    shape: tuple[int, int, int]
+    images_per_s: float
+    """bench train on every device."""
+    comm_busbw_gbs: float
+    """bench comm all-reduce at the gradient size."""
+
+    def __post_init__(self) -> None:
+        for name in ("peak_tflops", "memory_bandwidth_gbs", "images_per_s"):
+            if not getattr(self, name) > 0:
+                raise RunError(f"calibration: measured {name} is {getattr(self, name)}; expected a positive figure")
+        if self.devices > 1 and not self.comm_busbw_gbs > 0:
+            raise RunError(f"calibration: measured all-reduce bandwidth is {self.comm_busbw_gbs} GB/s")
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    measurements: Measurements
+    factors: Factors
+    ring_bandwidth: float
+    when: str
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": "deskpod.plan.local/1", "when": self.when, "ring_bandwidth": self.ring_bandwidth,
+                           "measurements": asdict(self.measurements), "factors": asdict(self.factors)}, indent=2)  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> Calibration:
+        d = json.loads(text)
+        m = d["measurements"]
+        m["shape"] = tuple(m["shape"])
+        return cls(Measurements(**m), Factors(**d["factors"]), float(d["ring_bandwidth"]), str(d["when"]))
+
+
+def scaled_model(model: str, shape: tuple[int, int, int]) -> ModelCost:
+    """The model's cost at ``shape`` (C, H, W): FLOPs and activations scale with H x W / 224^2."""
+    base = find_model(model)
+    ratio = shape[1] * shape[2] / (224 * 224)
+    return replace(base, forward_gflops=base.forward_gflops * ratio, activations_m=base.activations_m * ratio,
+                   source=f"{base.source}, scaled to {shape[1]}x{shape[2]}")  # fmt: skip
+
+
+def facts(m: Measurements, topology: Topology) -> MachineFacts:
+    return MachineFacts(
+        name=LOCAL, title=f"this box: {m.devices} {m.kind} device(s), measured", kind=m.kind, devices=m.devices,
+        peak_tflops=m.peak_tflops, peak_key="measured matmul fp32", memory_bandwidth_gbs=m.memory_bandwidth_gbs,
+        power_w=0.0, power_source="unknown", price_usd=None, cpu_cores=m.cores, topology=topology,
+    )  # fmt: skip
+
+
+def fit_local(m: Measurements, topology: Topology) -> Calibration:
+    """Fit comm and compute efficiency to ``m`` (see the module docstring)."""
+    if topology.device_count < m.devices:
+        raise UsageError(f"calibration measured {m.devices} devices; the topology has {topology.device_count}")
+    base = Factors()
+    devices = list(range(m.devices))
+    ring = build_rings(topology, devices).bandwidth if m.devices > 1 else 0.0
+    comm_eff = min(1.0, m.comm_busbw_gbs / ring) if ring else base.comm_efficiency
+    f = facts(m, topology)
+    model = scaled_model(m.model, m.shape)
+    w = Workload(model, batch=m.batch, precision="fp32", data="synthetic")
+    step = m.devices * m.batch / m.images_per_s
+    comm = 0.0
+    if m.devices > 1:
+        grad = int(model.params_m * 1e6 * BYTES_PER_ELEMENT["fp32"])
+        comm = predict(topology, "all_reduce", grad, devices=devices, efficiency=comm_eff).time_s
+    compute = step - comm
+    flops_only = compute_time(w, f, Factors(compute_efficiency=1.0, memory_passes=0.0))
+    memory = compute_time(w, f, Factors(compute_efficiency=1e30, memory_passes=base.memory_passes))
+    if compute <= memory:
+        raise RunError(
+            f"calibration: the measured step ({step * 1e3:.1f} ms) leaves {compute * 1e3:.1f} ms after the all-reduce, "
+            f"less than the memory term alone ({memory * 1e3:.1f} ms); the measurements are inconsistent, run it again"
+        )
+    factors = replace(
+        base, compute_efficiency=round(flops_only / (compute - memory), 6), comm_efficiency=round(comm_eff, 6)
+    )
+    return Calibration(m, factors, ring, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def calibration_path(home: Path) -> Path:
+    return home / "plan" / "local.json"
+
+
+def save(cal: Calibration, home: Path) -> Path:
+    path = calibration_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(cal.to_json())
+    tmp.replace(path)
+    return path
+
+
+def load(home: Path | None = None) -> Calibration:
+    """The stored calibration; `UsageError` saying how to make one when there is none."""
+    if home is None:
+        from deskpod.environment import Environment
+
+        home = Environment.read().home
+    path = calibration_path(home)
+    if not path.exists():
+        raise UsageError(f"machine 'local' is not calibrated ({path} missing); run: deskpod plan calibrate")
+    try:
+        return Calibration.from_json(path.read_text())
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path} is not a deskpod calibration ({e}); run: deskpod plan calibrate") from None
+
+
+def summary(cal: Calibration) -> dict[str, Any]:
+    return {"when": cal.when, "ring_bandwidth": cal.ring_bandwidth, "measurements": asdict(cal.measurements),
+            "factors": asdict(cal.factors)}  # fmt: skip
