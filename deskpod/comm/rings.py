@@ -263,7 +263,9 @@ def double_binary_tree(n: int) -> tuple[Tree, Tree]:
     return Tree(first), Tree(tuple(second))
 
 
-@functools.lru_cache(maxsize=4096)
 def tree_depth(n: int) -> int:
-    """Hops from the deepest leaf to the root of the tree over ``n`` nodes (0 for one node)."""
-    return 0 if n <= 1 else double_binary_tree(n)[0].depth
+    """Hops from the deepest leaf to the root of `_bit_tree` over ``n`` nodes: ceil(log2 n), 0 for one node.
+
+    (Closed form of `Tree.depth`, which walks every rank; ``tests/comm/test_rings.py`` checks they agree.)
+    """
+    return 0 if n <= 1 else (n - 1).bit_length()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deskpod.comm.rings import build_rings, double_binary_tree, hamiltonian_cycles
+from deskpod.comm.rings import build_rings, double_binary_tree, hamiltonian_cycles, tree_depth
 from deskpod.errors import UsageError
 from deskpod.hardware.catalog import machine
 from deskpod.hardware.topology import cpu_topology
@@ -88,9 +88,10 @@ def test_double_binary_tree(n: int) -> None:
     trees = double_binary_tree(n)
     for tree in trees:
         assert tree.parent.count(-1) == 1
-        assert tree.depth <= max(1, n.bit_length())
+        assert tree.depth <= tree_depth(n) + 1
         for r in range(n):
             assert len(tree.children(r)) <= 2
+    assert trees[0].depth == tree_depth(n)
     if n % 2 == 0 and n > 2:
         interior = [set(r for r in range(n) if t.children(r)) for t in trees]
         assert not interior[0] & interior[1]  # interior in one tree, a leaf in the other
