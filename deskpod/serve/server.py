@@ -334,6 +334,8 @@ class HttpConnection(asyncio.Protocol):
                 self.head = (first[0], first[1], headers, end + 4, length)
             method, target, headers, start, length = self.head
             if len(self.buf) < start + length:
+                if headers.pop("expect", "").lower() == "100-continue" and self.transport is not None:
+                    self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits 1 s for this otherwise
                 return
             with memoryview(self.buf) as view:
                 body = bytes(view[start : start + length])  # one copy, not two

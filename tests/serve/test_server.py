@@ -247,3 +247,17 @@ def test_serve_cli_refuses_a_missing_repository(tmp_path: Any, capsys: pytest.Ca
 
     assert main(["serve", str(tmp_path / "nowhere"), "--port", "0"]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_expect_continue_and_pipelining(server: Server) -> None:
+    body = _body(np.zeros((1, 2, 4, 4)))
+    head = f"POST /v2/models/mlp/infer HTTP/1.1\r\nContent-Length: {len(body)}\r\n".encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(head + b"Expect: 100-continue\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(body + head + b"\r\n" + body)  # the body, then a second request pipelined behind it
+        data = b""
+        while data.count(b"HTTP/1.1 200") < 2:
+            chunk = s.recv(65536)
+            assert chunk, "server closed the connection"
+            data += chunk
