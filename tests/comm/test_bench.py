@@ -76,3 +76,19 @@ def test_nccl_on_gpus() -> None:
         pytest.skip("needs 2 GPUs")
     result = run_comm_bench(CommBenchConfig(max_bytes=1 << 20, step_factor=16, iters=5, warmup=2, backend="nccl"))
     assert result["backend"] == "nccl" and result["wrong"] == 0
+
+
+def _fails_on_rank_1(rank: int, world: int, port: int, out: object) -> None:
+    import os
+
+    if rank == 1:
+        os._exit(3)  # dies without reporting
+    out.put({"rank": rank, "rows": []})  # type: ignore[attr-defined]
+
+
+def test_a_dead_worker_is_named_not_waited_for() -> None:
+    from deskpod.comm.bench import spawn_workers
+
+    got = spawn_workers(_fails_on_rank_1, 2, (), timeout_s=60)
+    assert got[0] == {"rank": 0, "rows": []}
+    assert "worker 1 did not report (exit code 3)" in got[1]["error"]
