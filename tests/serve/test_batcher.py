@@ -141,3 +141,30 @@ def test_unload_fails_queued_requests() -> None:
             await fut
 
     asyncio.run(main())
+
+
+def test_instances_run_batches_concurrently() -> None:
+    """Two instances: two batches in flight at once (each waits for the other at a barrier, or times out)."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=10)
+
+    class Meeting(Doubler):
+        def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            barrier.wait()
+            return super().run(inputs)
+
+    async def main() -> None:
+        b = Batcher(
+            [Meeting(), Meeting()],
+            max_batch_size=1,
+            max_queue_delay_s=0.0,
+            max_queue_size=8,
+            stats=ModelStats("m", "1"),
+        )
+        b.start()
+        results = await _burst(b, [1, 1])
+        await b.stop()
+        assert all(isinstance(r, dict) for r in results)
+
+    asyncio.run(main())
