@@ -184,6 +184,9 @@ class Batcher:
                 break
         return p.future
 
+    def full(self) -> bool:
+        return len(self.queue.items) >= self.queue.max_size
+
     def _expire(self, p: Pending, timeout_s: float) -> None:
         if not p.future.done():
             self.stats.timeouts += 1

@@ -1,7 +1,8 @@
 """A load generator for any v2 inference server: closed loop at given concurrencies, open loop at given rates.
 
 Closed loop: C connections, each sends a request as soon as its previous answer arrives — throughput at a fixed
-number of clients in flight. Open loop: requests start on a fixed schedule (R per second) whatever the server
+number of clients in flight; a client refused with 429/503 pauses 20 ms before it tries again (retrying at once
+would measure how fast the server can say no, not how it serves). Open loop: requests start on a fixed schedule (R per second) whatever the server
 does, each on an idle keep-alive connection (a new one when all are busy, up to ``max_connections``); latency is
 measured from the *scheduled* start, so a server that falls behind shows it (no coordinated omission).
 
@@ -35,6 +36,8 @@ class LoadSpec:
     duration_s: float = 5.0
     warmup_s: float = 1.0
     max_connections: int = 1024
+    overload_backoff_s: float = 0.02
+    """Closed loop: a client pauses this long after a 429/503 instead of retrying at once."""
 
     def request_bytes(self) -> bytes:
         body, hl = encode_request(self.inputs, binary=self.binary, binary_outputs=self.binary)
@@ -173,6 +176,8 @@ async def closed_loop(spec: LoadSpec, concurrency: int) -> LoadResult:
                     lat.append(loop.time() - t0)
                 else:
                     errors[str(status)] += 1
+            if status in (429, 503):
+                await asyncio.sleep(spec.overload_backoff_s)  # a well-behaved client backs off when refused
 
     await asyncio.gather(*(client(c) for c in conns))
     for c in conns:
@@ -244,6 +249,13 @@ async def open_loop(spec: LoadSpec, rate: float) -> LoadResult:
 
 def run_load(spec: LoadSpec, concurrencies: list[int], rates: list[float]) -> list[LoadResult]:
     """Check once, then each closed-loop concurrency and each open-loop rate in turn."""
+
+    for c in concurrencies:
+        if not 1 <= c <= spec.max_connections:
+            raise UsageError(f"concurrency {c} must be in 1..{spec.max_connections}")
+    for r in rates:
+        if r <= 0:
+            raise UsageError(f"rate {r} must be > 0 requests/s")
 
     async def main() -> list[LoadResult]:
         await check(spec)

@@ -218,6 +218,9 @@ class App:
     ) -> None:
         t0 = time.perf_counter()
         lv = self.registry.get(name, version)
+        if lv.batcher.full():  # refuse before decoding: under overload a refusal must cost far less than service
+            lv.stats.rejected += 1
+            raise Overloaded(f"queue full ({lv.config.max_queue_size} requests waiting); retry later")
         enc = headers.get("content-encoding")
         if enc in ("gzip", "deflate"):
             d = zlib.decompressobj(wbits=31 if enc == "gzip" else 15)
