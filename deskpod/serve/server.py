@@ -61,6 +61,8 @@ class ServeConfig:
     max_body_bytes: int = 64 << 20
     max_connections: int = 4096
     """Connections beyond this are answered 503 and closed."""
+    idle_timeout_s: float = 60.0
+    """A connection with no request in flight and no bytes for this long is closed (slow or vanished clients)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -140,6 +142,15 @@ class App:
         self.registry = registry
         self.ready = False
         self.connections = 0
+        self.open: set[HttpConnection] = set()
+
+    def close_idle(self, now: float) -> int:
+        """Close connections idle for longer than the timeout; returns how many."""
+        idle = [c for c in self.open if not c.busy and now - c.last_active > self.config.idle_timeout_s]
+        for c in idle:
+            if c.transport is not None:
+                c.transport.close()
+        return len(idle)
 
     def handle(self, conn: HttpConnection, method: str, target: str, headers: dict[str, str], body: bytes) -> None:
         path = target.split("?", 1)[0].rstrip("/")
@@ -274,6 +285,7 @@ class HttpConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.busy = False
+        self.last_active = time.monotonic()
         self.keep_alive = True
         self.head: tuple[str, str, dict[str, str], int, int] | None = None  # parsed, waiting for the body
 
@@ -283,15 +295,18 @@ class HttpConnection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.app.connections += 1
+        self.app.open.add(self)
         if self.app.connections > self.app.config.max_connections:
             self.keep_alive = False
             self.respond_error(Overloaded(f"too many connections (limit {self.app.config.max_connections})"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.app.connections -= 1
+        self.app.open.discard(self)
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        self.last_active = time.monotonic()
         self.buf += data
         if not self.busy:
             self._next()
@@ -350,6 +365,7 @@ class HttpConnection(asyncio.Protocol):
 
     def respond(self, status: int, body: bytes, content_type: bytes, header_length: int | None) -> None:
         self.busy = False
+        self.last_active = time.monotonic()
         t = self.transport
         if t is None or t.is_closing():
             return
@@ -392,6 +408,12 @@ async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None)
             flush=True,
         )
     app.ready = True
+
+    def sweep() -> None:
+        app.close_idle(time.monotonic())
+        loop.call_later(max(1.0, config.idle_timeout_s / 4), sweep)
+
+    sweep()
     print("deskpod serve: ready", flush=True)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -261,3 +261,23 @@ def test_expect_continue_and_pipelining(server: Server) -> None:
             chunk = s.recv(65536)
             assert chunk, "server closed the connection"
             data += chunk
+
+
+def test_idle_connections_are_closed(tmp_path: Any) -> None:
+    """Only connections with nothing in flight and no bytes for longer than the timeout are closed."""
+    from deskpod.serve.registry import ModelRegistry
+    from deskpod.serve.server import App, HttpConnection, ServeConfig
+
+    class Transport:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    app = App(ServeConfig(repo=tmp_path, idle_timeout_s=10), ModelRegistry(tmp_path))
+    conns = [HttpConnection(app) for _ in range(3)]
+    for c, (busy, age) in zip(conns, [(False, 20), (True, 20), (False, 5)], strict=True):
+        c.transport, c.busy, c.last_active = Transport(), busy, 100.0 - age  # type: ignore[assignment]
+        app.open.add(c)
+    assert app.close_idle(now=100.0) == 1
+    assert [c.transport.closed for c in conns] == [True, False, False]  # type: ignore[union-attr]
