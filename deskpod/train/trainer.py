@@ -288,12 +288,7 @@ class Trainer:
                 self.loss_window = (loss_sum, loss_n)
                 pos.step += 1
                 pos.micro += len(micro_batches)
-                t2 = time.perf_counter()
                 done_here += 1
-                if done_here > timing_skip:
-                    wait_time += t1 - t0
-                    train_time += t2 - t0
-                    timed_images += sum(int(b.labels.shape[0]) for b in micro_batches)
                 log = pos.step % cfg.log_every_steps == 0 or pos.step == self.total_steps
                 logged_loss = None
                 if log:
@@ -324,14 +319,19 @@ class Trainer:
                     and time.monotonic() - last_ckpt >= cfg.checkpoint_every_minutes * 60
                 )
                 stopped, save_now = self._agree(due)
-                if stopped or save_now:
-                    if pos.step < self.total_steps:
-                        path = self.save(pos)
-                        last_ckpt = time.monotonic()
-                        if self.is_main and not stopped:
-                            self.progress.event("checkpoint", step=pos.step, path=str(path))
-                    if stopped:
-                        break
+                if (stopped or save_now) and pos.step < self.total_steps:
+                    path = self.save(pos)
+                    last_ckpt = time.monotonic()
+                    if self.is_main and not stopped:
+                        self.progress.event("checkpoint", step=pos.step, path=str(path))
+                if done_here > timing_skip:
+                    # The whole iteration counts: data, compute, logging, the stop/checkpoint agreement and any
+                    # checkpoint written; only validation is left out.
+                    wait_time += t1 - t0
+                    train_time += time.perf_counter() - t0
+                    timed_images += sum(int(b.labels.shape[0]) for b in micro_batches)
+                if stopped:
+                    break
             if stopped:
                 break
             if epoch_done or pos.step == self.total_steps:
