@@ -20,17 +20,16 @@ import datetime
 import json
 import math
 import os
-import re
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from docs_section import replace_subsection
 
 from deskpod.comm.bench import CommBenchConfig, measure_size, resolve, spawn_workers
 from deskpod.comm.collectives import CollectiveName
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 SECTION = "## Collectives and the performance model"
 SUBSECTION = "### bench comm vs a bare torch.distributed loop (bench_comm.py)"
 
@@ -148,15 +147,7 @@ def _write_docs(command: str, s: dict[str, Any], table: str) -> None:
         f"{s['geomean_ratio_64k_up']:.3f} from 64 KiB up; target >= 0.9.",
         "",
     ])  # fmt: skip
-    text = DOCS.read_text()
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n"
-    head, _, rest = text.partition(SECTION)
-    nxt = re.search(r"^## ", rest, re.M)
-    mine, tail = (rest[: nxt.start()], rest[nxt.start() :]) if nxt else (rest, "")
-    pattern = re.compile(rf"^{re.escape(SUBSECTION)}\n.*?(?=^### |\Z)", re.S | re.M)
-    mine = pattern.sub(lambda _: body + "\n", mine) if pattern.search(mine) else mine.rstrip("\n") + "\n\n" + body
-    DOCS.write_text(head + SECTION + mine.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
+    replace_subsection(SECTION, SUBSECTION, body)
 
 
 if __name__ == "__main__":

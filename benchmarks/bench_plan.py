@@ -11,12 +11,13 @@ the same run. Then writes the report's claim table and the calibration table.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from docs_section import replace_subsection
 
 from deskpod.plan.calibration import calibration_table
 from deskpod.plan.predict import predict_plan
@@ -24,7 +25,6 @@ from deskpod.plan.report import evaluate, markdown
 from deskpod.plan.workload import MODELS, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Collectives and the performance model"
 SUBSECTION = "### deskpod plan: speed and the report (bench_plan.py)"
 
@@ -69,21 +69,8 @@ def main() -> int:
             "sample):", "",
             report.split("\n", 2)[2].replace("\n## ", "\n#### "),
         ])  # fmt: skip
-        _write_docs(body)
+        replace_subsection(SECTION, SUBSECTION, body)
     return 0
-
-
-def _write_docs(body: str) -> None:
-    text = DOCS.read_text()
-    if SECTION not in text:
-        text = text.rstrip("\n") + f"\n\n{SECTION}\n\n"
-    head, _, rest = text.partition(SECTION)
-    nxt = re.search(r"^## ", rest, re.M)
-    mine, tail = (rest[: nxt.start()], rest[nxt.start() :]) if nxt else (rest, "")
-    pattern = re.compile(rf"^{re.escape(SUBSECTION)}\n.*?(?=^### |\Z)", re.S | re.M)
-    body = body.rstrip("\n") + "\n"
-    mine = pattern.sub(lambda _: body + "\n", mine) if pattern.search(mine) else mine.rstrip("\n") + "\n\n" + body
-    DOCS.write_text(head + SECTION + mine.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -29,12 +28,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from docs_section import replace_subsection
+
 from deskpod.hardware.placement import Placement, Unplaceable, machine, place
 from deskpod.jobs.scheduler import Plan, Running, Waiting, schedule
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.store import Store
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+INTRO = "The pod service (`deskpod/jobs/`): scheduler and submission figures."
 SECTION = "## Pod service"
 SUB = "### One scheduling pass (bench_scheduler.py)"
 NOW = 1_000_000.0
@@ -133,27 +134,7 @@ def write_docs(rows: list[dict[str, object]], command: str) -> None:
             f" {r['naive_over_pass']:.1f}x | {r['pass_over_sort']:.1f}x | {r['starts']} | {r['with_store_ms']:.1f} |"
             f" {'met' if r['met'] else 'MISSED'} (<= 10 ms at 10,000) |"
         )
-    _replace_sub("\n".join(lines) + "\n")
-
-
-def _replace_sub(block: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    if SECTION not in text:
-        text = (
-            text.rstrip("\n")
-            + f"\n\n{SECTION}\n\nThe pod service (`deskpod/jobs/`): scheduler and submission figures.\n"
-        )
-    start = text.index(SECTION)
-    nxt = re.search(r"^## ", text[start + len(SECTION) :], re.M)
-    end = start + len(SECTION) + nxt.start() if nxt else len(text)
-    section = text[start:end]
-    pattern = re.compile(rf"^{re.escape(SUB)}\n.*?(?=^### |\Z)", re.S | re.M)
-    section = (
-        pattern.sub(lambda _: block + "\n", section)
-        if pattern.search(section)
-        else section.rstrip("\n") + "\n\n" + block + "\n"
-    )
-    DOCS.write_text(text[:start] + section.rstrip("\n") + "\n" + ("\n" + text[end:] if end < len(text) else ""))
+    replace_subsection(SECTION, SUB, "\n".join(lines) + "\n", intro=INTRO)
 
 
 def main() -> int:

@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -39,9 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from docs_section import replace_subsection
+
 from deskpod.jobs.client import PodClient
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+INTRO = "The pod service (`deskpod/jobs/`): scheduler and submission figures."
 SECTION = "## Pod service"
 SUB = "### Submit to running, and concurrent submissions (bench_submit.py)"
 PROBE = "import time, sys; open(sys.argv[1], 'w').write(repr(time.time()))"
@@ -167,23 +168,7 @@ For comparison: Determined rate-limits its scheduling pass to once per 500 ms.
 Throughput {conc["concurrent_per_s"]:.0f} submissions/s with 20 clients vs {conc["sequential_per_s"]:.0f}/s from one client
 (ratio {conc["concurrent_per_s"] / conc["sequential_per_s"]:.2f}: one client waits out each round trip; 20 overlap them on one SQLite writer).
 """
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    if SECTION not in text:
-        text = (
-            text.rstrip("\n")
-            + f"\n\n{SECTION}\n\nThe pod service (`deskpod/jobs/`): scheduler and submission figures.\n"
-        )
-    start = text.index(SECTION)
-    nxt = re.search(r"^## ", text[start + len(SECTION) :], re.M)
-    end = start + len(SECTION) + nxt.start() if nxt else len(text)
-    section = text[start:end]
-    pattern = re.compile(rf"^{re.escape(SUB)}\n.*?(?=^### |\Z)", re.S | re.M)
-    section = (
-        pattern.sub(lambda _: block + "\n", section)
-        if pattern.search(section)
-        else section.rstrip("\n") + "\n\n" + block
-    )
-    DOCS.write_text(text[:start] + section.rstrip("\n") + "\n" + ("\n" + text[end:] if end < len(text) else ""))
+    replace_subsection(SECTION, SUB, block, intro=INTRO)
 
 
 def main() -> int:
