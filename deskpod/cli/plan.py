@@ -32,8 +32,11 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("plan", help="predict training time, throughput, energy and cost on catalog machines")
+    p.add_argument(
+        "--calibrate", action="store_true", help="measure this box and fit machine 'local' (same as `plan calibrate`)"
+    )
+    p.set_defaults(func=run_root)
     plan = p.add_subparsers(dest="plan_command", metavar="WHAT")
-    plan.required = True
 
     q = plan.add_parser("predict", help="one machine x N nodes: step breakdown, images/s, time, energy, cost")
     q.add_argument("--machine", default="dgx1-p100")
@@ -349,6 +352,16 @@ def _measure(args: argparse.Namespace) -> Any:
     return Measurements(kind=report.kind, devices=row["devices"], cores=Environment.read().cpu_count, peak_tflops=peak,
                         memory_bandwidth_gbs=copy, model=args.model, batch=args.batch, shape=(c, h, w),
                         images_per_s=row["images_per_s"], comm_busbw_gbs=busbw)  # fmt: skip
+
+
+def run_root(args: argparse.Namespace) -> int:
+    """``deskpod plan --calibrate`` (with no WHAT): calibrate with the defaults of ``plan calibrate``."""
+    from deskpod.errors import UsageError
+
+    if not args.calibrate:
+        raise UsageError("deskpod plan needs WHAT: predict, compare, match, nodes, comm, report, calibrate or fit")
+    defaults = {"model": "resnet18", "shape": "3x112x112", "batch": 8, "steps": 3, "from_json": None, "json": False}
+    return run_calibrate(argparse.Namespace(**{**defaults, **vars(args)}))
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--place", type=int, metavar="K", help="ask placement for K devices")
     p.add_argument("--free", metavar="LIST", help="free devices for --place, e.g. 0,1,4 (default: all)")
     p.add_argument("--policy", default="best", help="placement policy: best, pack, partition:<name>")
+    p.add_argument("--rings", action="store_true", help="also show the rings a collective over all devices would use")
     p.set_defaults(func=run)
 
 
@@ -58,6 +59,15 @@ def run(args: argparse.Namespace) -> int:
     from deskpod.hardware.topo_matrix import format_topo_matrix
 
     info = describe(topology)
+    ring_lines: list[str] = []
+    if args.rings:
+        # Rings come from the collectives layer (deskpod.comm), which builds them on this topology like NCCL.
+        from deskpod.comm.rings import build_rings
+
+        ring_set = build_rings(topology)  # type: ignore[arg-type]
+        info["rings"] = {"kind": ring_set.kind, "rings": [list(r) for r in ring_set.rings],
+                         "bandwidths": list(ring_set.bandwidths), "total_bandwidth": ring_set.bandwidth}  # fmt: skip
+        ring_lines = ring_set.describe(topology)  # type: ignore[arg-type]
     if args.png:
         from deskpod.hardware.diagram import render_png
 
@@ -67,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_topo_matrix(topology, legend=False))
         print(format_summary(info), end="")
+        if ring_lines:
+            print("  rings (as NCCL would build them for all devices):")
+            print("\n".join("    " + line for line in ring_lines))
         if args.png:
             print(f"link graph written to {args.png}")
     return 0
