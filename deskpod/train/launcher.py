@@ -229,8 +229,8 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
         trace = detail.get("extraInfo", {}).get("py_callstack") if isinstance(detail, dict) else None
         raise WorkerError(
             f"training failed: worker rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
-            f"{' (' + failure.signal_name() + ')' if failure.exitcode < 0 else ''} and {plan.cfg.max_restarts} "
-            f"restart{'s' if plan.cfg.max_restarts != 1 else ''} were used up; run folder {plan.run_dir}",
+            f"{' (' + failure.signal_name() + ')' if failure.exitcode < 0 else ''} after {plan.cfg.max_restarts} "
+            f"restart{'s' if plan.cfg.max_restarts != 1 else ''} (max_restarts); run folder {plan.run_dir}",
             root_cause=str(trace or cause),
         ) from None
     except SignalException as e:

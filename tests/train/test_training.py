@@ -128,7 +128,7 @@ def test_failing_worker_reports_root_cause(tmp_path: Path) -> None:
     cfg = config(tmp_path, model="tests.train.models_for_tests:crashing", steps=20, max_restarts=1)
     r = run_deskpod("train", "--config", str(cfg), "--out", str(tmp_path), "--name", "crash")
     assert r.code == 1
-    assert "worker rank 1" in r.err and "1 restart were used up" in r.err
+    assert "worker rank 1" in r.err and "after 1 restart (max_restarts)" in r.err
     assert "injected failure: rank 1 cannot go on" in r.err and "Traceback" in r.err
 
 
