@@ -188,14 +188,16 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     (``deskpod bench train`` uses it to time only after warm-up); by default the first step is left out
     of runs longer than 10 steps.
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _write_run_folder(plan, mode, timing_skip_steps)
     progress = Progress(mode)
     what = f"{len(plan.devices)} × {plan.devices[0].name}" + (
-        f" ({plan.devices[0].threads} threads each)" if plan.kind == "cpu" else ""
+        f" ({plan.devices[0].threads} thread{'s' if plan.devices[0].threads != 1 else ''} each)"
+        if plan.kind == "cpu"
+        else ""
     )
     progress.event("launch", run_dir=str(plan.run_dir), devices=[d.label for d in plan.devices],
                    text=f"deskpod: {what} → {plan.run_dir}")  # fmt: skip
@@ -214,7 +216,9 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
         monitor_interval=0.25,
         start_method="spawn",
         local_addr="127.0.0.1",
-        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs")),
+        # Workers' stderr goes to <run>/logs/<id>/attempt_<n>/<rank>/stderr.log: a failing group would otherwise
+        # print every rank's traceback on every attempt; the root cause is reported once, below.
+        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs"), redirects=Std.ERR),
         shutdown_timeout=SHUTDOWN_GRACE_S,
     )
     start = time.monotonic()
@@ -230,7 +234,7 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
         raise WorkerError(
             f"training failed: worker rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
             f"{' (' + failure.signal_name() + ')' if failure.exitcode < 0 else ''} after {plan.cfg.max_restarts} "
-            f"restart{'s' if plan.cfg.max_restarts != 1 else ''} (max_restarts); run folder {plan.run_dir}",
+            f"restart{'s' if plan.cfg.max_restarts != 1 else ''} (max_restarts); workers' logs in {plan.run_dir / 'logs'}",
             root_cause=str(trace or cause),
         ) from None
     except SignalException as e:

@@ -4,8 +4,9 @@
   downloaded), with the first convolution rebuilt when the data has other than 3 channels.
 - ``convnet``: a small VGG-style network for 28×28 images (Fashion-MNIST), ~0.1 M parameters.
 - ``mlp``: two hidden layers, no normalisation; handy for parity tests and serving.
-- ``package.module:factory``: any callable returning an ``nn.Module``. It is called with those of
-  ``num_classes``, ``in_channels`` and ``image_size`` that its signature accepts.
+- ``package.module:factory``: any callable returning an ``nn.Module``, importable from the Python path or
+  the current directory. It is called with those of ``num_classes``, ``in_channels`` and ``image_size``
+  that its signature accepts.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -123,6 +126,10 @@ def model_names() -> list[str]:
 
 def _user_factory(name: str) -> Callable[..., nn.Module]:
     module_name, _, attr = name.partition(":")
+    # Like `python -m` (and the workers, which run as `python -m deskpod.train.worker`), look in the
+    # current directory too, so a model file next to where you run `deskpod train` is found.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
