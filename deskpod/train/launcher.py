@@ -188,7 +188,7 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     (``deskpod bench train`` uses it to time only after warm-up); by default the first step is left out
     of runs longer than 10 steps.
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -216,9 +216,8 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
         monitor_interval=0.25,
         start_method="spawn",
         local_addr="127.0.0.1",
-        # Workers' stderr goes to <run>/logs/<id>/attempt_<n>/<rank>/stderr.log: a failing group would otherwise
-        # print every rank's traceback on every attempt; the root cause is reported once, below.
-        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs"), redirects=Std.ERR),
+        # The agent's error files live here; workers send their own stderr to this folder (see worker.py).
+        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs")),
         shutdown_timeout=SHUTDOWN_GRACE_S,
     )
     start = time.monotonic()

@@ -32,6 +32,20 @@ def _write_json_atomic(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
+def _stderr_to_log(folder: Path, rank: int) -> None:
+    """Send this worker's stderr to ``logs/rank<R>.attempt<N>.stderr``.
+
+    A failing group would otherwise print every rank's traceback on every attempt; the launcher
+    prints the root cause once. (torch elastic's own ``redirects`` leaks the log files' handles in
+    the launching process, which matters when it launches many times, as ``bench train`` does.)
+    """
+    folder.mkdir(exist_ok=True)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    log = open(folder / f"rank{rank}.attempt{attempt}.stderr", "ab")  # noqa: SIM115 - fd 2 keeps it for the process
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 2)
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     from deskpod.train.trainer import StopFlag, Trainer
@@ -47,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     pid_dir = run_dir / "workers"
     pid_dir.mkdir(exist_ok=True)
     (pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    _stderr_to_log(run_dir / "logs", rank)
     if launch["kind"] == "cuda":
         torch.cuda.set_device(local_rank)
         backend = "nccl"
