@@ -10,7 +10,7 @@
         checkpoints/       step-00001234.pt, the latest K kept
         summary.json       written at the end: accuracy, throughput, wall time, state
         plots/*.png        loss, accuracy and throughput curves
-        logs/              each worker's stderr, per launch and attempt (torch elastic's layout)
+        logs/              each worker's stderr (rank<R>.attempt<N>.stderr) and the agent's error files
         workers/           each worker's pid (rank<N>.pid), for tools that watch or signal them
 """
 
