@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from deskpod.comm.collectives import COLLECTIVES, CollectiveName, bus_factor, element_count
 from deskpod.errors import RunError, UsageError
+from deskpod.processes import stop_processes
 
 Backend = Literal["auto", "gloo", "nccl"]
 DTYPES = ("float32", "bfloat16", "float16")
@@ -253,14 +254,7 @@ def spawn_workers(
                 if any(p.exitcode not in (None, 0) for p in procs) and all(p.exitcode is not None for p in procs):
                     break
     finally:
-        for p in procs:
-            p.join(timeout=max(0.1, min(10.0, deadline - time.monotonic())))
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        stop_processes(procs, deadline)
     out = []
     for r in range(world):
         if r not in got:

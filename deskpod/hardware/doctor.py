@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from deskpod.errors import RunError
+from deskpod.processes import stop_processes
 
 Status = Literal["pass", "warn", "fail", "skip"]
 PASS_FRACTION = 0.5
@@ -252,14 +253,7 @@ def _run_workers(kind: str, world: int, threads: int, seconds: float, timeout: f
                 if dead and len(got) + len(dead) >= world:
                     break
     finally:
-        for p in procs:
-            p.join(timeout=max(0.1, deadline - time.monotonic()))
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
+        stop_processes(procs, deadline, max_wait=float("inf"))
     by_rank = {r["rank"]: r for r in got}
     for r in range(world):
         if r not in by_rank:

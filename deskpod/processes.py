@@ -1,0 +1,21 @@
+"""Stopping child processes the way every part of deskpod does: wait, then SIGTERM, then SIGKILL."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from multiprocessing.process import BaseProcess
+
+
+def stop_processes(procs: Iterable[BaseProcess], deadline: float, *, min_wait: float = 0.1, max_wait: float = 10.0,
+                   grace: float = 5.0) -> None:  # fmt: skip
+    """Join each process until ``deadline`` (``time.monotonic()``), clamped to [min_wait, max_wait] seconds;
+    one still alive gets SIGTERM and ``grace`` seconds, then SIGKILL. Nothing outlives the call."""
+    for p in procs:
+        p.join(timeout=max(min_wait, min(max_wait, deadline - time.monotonic())))
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=grace)
+            if p.is_alive():
+                p.kill()
+                p.join()
