@@ -26,7 +26,7 @@ MACHINES_DIR = Path(__file__).with_name("machines")
 
 _SECTIONS: dict[str, tuple[str, ...]] = {
     "device": ("model", "count", "memory_gb", "memory_bandwidth_gbs", "power_w", "peak_tflops"),
-    "peak_tflops": ("fp64", "fp32", "tf32", "fp16", "bf16", "fp16_tensor", "fp8"),
+    "peak_tflops": ("fp64", "fp32", "tf32", "fp16", "bf16", "fp16_tensor", "fp16_tensor_sparse", "fp8"),
     "links": ("nvlink_gbps", "nvlinks_per_gpu", "pcie_gen", "pcie_gbps"),
     "nics": ("model", "count", "gbps"),
     "cpus": ("model", "count"),
