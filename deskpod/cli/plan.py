@@ -276,19 +276,26 @@ def run_comm(args: argparse.Namespace) -> int:
 def run_fit(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from deskpod.plan.calibration import SOURCE, calibration_table, fit
+    from deskpod.plan.calibration import CPU_SOURCE, SOURCE, calibration_table, fit
 
     factors = fit()
     table = calibration_table(factors)
     if args.json:
-        print(json.dumps({"factors": asdict(factors), "source": SOURCE, "points": table}, indent=2))
+        print(
+            json.dumps(
+                {"factors": asdict(factors), "source": SOURCE, "cpu_source": CPU_SOURCE, "points": table}, indent=2
+            )
+        )
         return 0
-    print(f"fitted to {SOURCE}:")
+    print(f"fitted to {SOURCE}; cpu_compute_efficiency to {CPU_SOURCE}:")
     for k, v in asdict(factors).items():
         print(f"  {k} = {v}")
-    print(f"{'model':<10}{'GPUs':>5}{'data':>11}{'published':>11}{'predicted':>11}{'ratio':>7}")
+    print(f"{'machine':<19}{'model':<10}{'dev':>4}{'data':>11}{'published':>11}{'predicted':>11}{'ratio':>7}")
     for r in table:
-        print(f"{r['model']:<10}{r['gpus']:>5}{r['data']:>11}{r['published']:>11}{r['predicted']:>11}{r['ratio']:>7}")
+        print(
+            f"{r['machine']:<19}{r['model']:<10}{r['devices']:>4}{r['data']:>11}{r['published']:>11}"
+            f"{r['predicted']:>11}{r['ratio']:>7}"
+        )
     return 0
 
 
@@ -390,7 +397,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     print(f"measured: {m.devices} {m.kind} device(s): {m.peak_tflops:.4g} TFLOP/s fp32 and {m.memory_bandwidth_gbs:.4g} GB/s "
           f"each; {m.model} {m.shape[1]}x{m.shape[2]} batch {m.batch}: {m.images_per_s:.4g} images/s; "
           f"all-reduce busbw {m.comm_busbw_gbs:.4g} GB/s (ring model {cal.ring_bandwidth:g} GB/s)")  # fmt: skip
-    print(f"fitted: compute_efficiency {cal.factors.compute_efficiency}, comm_efficiency {cal.factors.comm_efficiency} "
-          f"(others as fitted on the DGX-1: memory_passes {cal.factors.memory_passes}, overlap {cal.factors.overlap})")  # fmt: skip
+    if m.kind == "cpu":
+        print(f"fitted: cpu_compute_efficiency {cal.factors.cpu_compute_efficiency}, "
+              f"comm_efficiency {cal.factors.comm_efficiency} (overlap as fitted on the DGX-1: {cal.factors.overlap})")  # fmt: skip
+    else:
+        print(f"fitted: compute_efficiency {cal.factors.compute_efficiency}, comm_efficiency {cal.factors.comm_efficiency} "
+              f"(others as fitted on the DGX-1: memory_passes {cal.factors.memory_passes}, overlap {cal.factors.overlap})")  # fmt: skip
     print(f"stored in {path}; use it with: deskpod plan predict --machine local")
     return 0

@@ -6,8 +6,10 @@ stand in for the peak and the memory bandwidth), then what it predicts (``bench 
 every device, ``bench comm`` all-reduce bus bandwidth at the model's gradient size), and fits:
 
 * ``comm_efficiency`` = measured busbw / the ring bandwidth the topology model gives this box;
-* ``compute_efficiency`` from the measured step: step - modelled all-reduce = modelled compute,
-  with ``memory_passes`` kept at its DGX-1 fit (one measurement cannot separate the two terms).
+* the compute efficiency from the measured step: step - modelled all-reduce = modelled compute.
+  On CPU devices that is ``cpu_compute_efficiency`` (the CPU compute is FLOPs only); on GPUs it is
+  ``compute_efficiency``, with ``memory_passes`` kept at its DGX-1 fit (one measurement cannot
+  separate the two terms).
 
 The result is stored in ``DESKPOD_HOME/plan/local.json`` and shown; ``deskpod plan predict
 --machine local`` then uses this box's facts and factors, so its plan for the measured run matches
@@ -113,7 +115,17 @@ def fit_local(m: Measurements, topology: Topology) -> Calibration:
         grad = int(model.params_m * 1e6 * BYTES_PER_ELEMENT["fp32"])
         comm = predict(topology, "all_reduce", grad, devices=devices, efficiency=comm_eff).time_s
     compute = step - comm
-    flops_only = compute_time(w, f, Factors(compute_efficiency=1.0, memory_passes=0.0))
+    flops_only = compute_time(w, f, Factors(compute_efficiency=1.0, memory_passes=0.0, cpu_compute_efficiency=1.0))
+    if m.kind == "cpu":
+        if compute <= 0:
+            raise RunError(
+                f"calibration: the measured step ({step * 1e3:.1f} ms) is shorter than the modelled all-reduce "
+                f"({comm * 1e3:.1f} ms); the measurements are inconsistent, run it again"
+            )
+        factors = replace(
+            base, cpu_compute_efficiency=round(flops_only / compute, 6), comm_efficiency=round(comm_eff, 6)
+        )
+        return Calibration(m, factors, ring, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     memory = compute_time(w, f, Factors(compute_efficiency=1e30, memory_passes=base.memory_passes))
     if compute <= memory:
         raise RunError(

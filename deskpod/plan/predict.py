@@ -2,9 +2,13 @@
 
 Per device and step (``b`` samples of a model with forward FLOPs ``F``, ``A`` activation elements):
 
-* **compute** ``= b x (3F / (e_c x peak) + k_m x A x bytes / memory_bandwidth)``: a FLOP term at the
-  device's peak for the precision and a memory-traffic term (each activation element moved ``k_m``
-  times per step), added because layers alternate between the two limits;
+* **compute** on a GPU ``= b x (3F / (e_c x peak) + k_m x A x bytes / memory_bandwidth)``: a FLOP
+  term at the device's peak for the precision and a memory-traffic term (each activation element
+  moved ``k_m`` times per step), added because layers alternate between the two limits; on a CPU
+  ``= b x 3F / (e_cpu x peak)``: FLOPs at the CPU's own fitted efficiency. Neither GPU factor
+  carries over (``e_c`` above 1 counts cuDNN's FFT/Winograd savings, ``k_m`` HBM traffic between
+  GPU kernels), and the one CPU training figure there is can fit one factor: the FLOP term, the one
+  that follows a CPU's cores x clock x vector width from one generation to the next;
 * **communication**: an all-reduce of the gradients (parameters x bytes of the precision) over the
   node's devices and the nodes, timed by `deskpod.comm.cost` (rings on the machine's topology, the
   NICs nearest the GPUs across nodes) at a fitted efficiency ``e_n``; the backward pass hides up
@@ -18,8 +22,9 @@ scaling efficiency against one device x the device count; time to train = datase
 images/s; energy at the catalog's system power (or device power x count); cost at its list price.
 
 The factors ``e_c, k_m, e_n, overlap, r`` are fitted to the DGX-1 (P100) figures of
-``shared/reference/calibration.md`` only (`deskpod.plan.calibration.fit` recomputes them; a test
-checks that the defaults below are its output). Nothing else is fitted; no published result is
+``shared/reference/calibration.md`` only, and ``e_cpu`` to its CPU baseline (ResNet-50, 90 epochs,
+711 h on a dual Xeon E5-2699 v4); `deskpod.plan.calibration.fit` recomputes them and a test checks
+that the defaults below are its output. Nothing else is fitted; no published result is
 looked up. Machine ``local`` is this box as ``deskpod plan calibrate`` measured and fitted it
 (`deskpod.plan.local`); it runs every precision at its measured FP32 matmul rate.
 """
@@ -60,6 +65,8 @@ class Factors:
     """Fraction of the backward pass that hides communication."""
     input_images_per_core: float = 769.0
     """r: images/s one CPU core decodes and augments (real data)."""
+    cpu_compute_efficiency: float = 0.360457
+    """e_cpu: achieved FLOP rate / peak when the devices are CPUs (direct-convolution FLOPs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +168,8 @@ class Plan:
 
 def compute_time(w: Workload, f: MachineFacts, factors: Factors) -> float:
     """Seconds for one device to run forward and backward over ``w.batch`` samples."""
+    if f.kind == "cpu":
+        return w.batch * w.model.train_flops / (factors.cpu_compute_efficiency * f.peak_tflops * 1e12)
     flops = w.model.train_flops / (factors.compute_efficiency * f.peak_tflops * 1e12)
     memory = factors.memory_passes * w.model.activations_m * 1e6 * BYTES_PER_ELEMENT[w.precision]
     return w.batch * (flops + memory / (f.memory_bandwidth_gbs * 1e9))

@@ -13,7 +13,7 @@ from deskpod.errors import RunError, UsageError
 from deskpod.hardware.placement import local_topology
 from deskpod.hardware.topology import cpu_topology
 from deskpod.plan.local import Measurements, fit_local, load, save, scaled_model
-from deskpod.plan.predict import predict_plan
+from deskpod.plan.predict import Factors, predict_plan
 from deskpod.plan.workload import MODELS, Workload
 
 
@@ -27,6 +27,12 @@ def test_fit_reproduces_the_measured_run(tmp_path: Path, monkeypatch: pytest.Mon
     topo = cpu_topology(2)
     cal = fit_local(_measured(), topo)
     assert cal.ring_bandwidth == 10.0 and cal.factors.comm_efficiency == pytest.approx(0.2)
+    default = Factors()  # CPU slots: only the CPU compute efficiency is refitted, the GPU factors stay
+    assert cal.factors.cpu_compute_efficiency != default.cpu_compute_efficiency
+    assert (cal.factors.compute_efficiency, cal.factors.memory_passes) == (
+        default.compute_efficiency,
+        default.memory_passes,
+    )
     save(cal, tmp_path)
     assert load(tmp_path) == cal
     monkeypatch.setenv("DESKPOD_HOME", str(tmp_path))
@@ -80,5 +86,5 @@ def test_real_calibration_on_this_box(
     monkeypatch.setenv("DESKPOD_HOME", str(tmp_path))
     code = main(["plan", "calibrate", "--shape", "3x32x32", "--batch", "4", "--steps", "1", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code == 0 and out["factors"]["compute_efficiency"] > 0 and 0 < out["factors"]["comm_efficiency"] <= 1
+    assert code == 0 and out["factors"]["cpu_compute_efficiency"] > 0 and 0 < out["factors"]["comm_efficiency"] <= 1
     assert (tmp_path / "plan" / "local.json").exists()

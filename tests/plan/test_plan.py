@@ -10,8 +10,10 @@ import pytest
 
 from deskpod.cli import main
 from deskpod.errors import UsageError
-from deskpod.plan.calibration import POINTS, calibration_table, fit
-from deskpod.plan.predict import Factors, match_nodes, predict_plan
+from deskpod.hardware.catalog import find_machine
+from deskpod.plan.calibration import CPU_HOURS, CPU_MACHINE, POINTS, calibration_table, fit
+from deskpod.plan.predict import Factors, machine_facts, match_nodes, predict_plan
+from deskpod.plan.report import evaluate, markdown
 from deskpod.plan.workload import MODELS, Workload, find_model
 
 
@@ -42,13 +44,54 @@ def test_defaults_are_the_fit_of_the_calibration_figures() -> None:
 
 def test_plan_reproduces_its_calibration_figures() -> None:
     rows = calibration_table()
-    assert len(rows) == len(POINTS) == 15
+    assert len(rows) == len(POINTS) + 1 == 16  # the DGX-1 P100 table and the CPU baseline
     for r in rows:
         ratio = float(r["ratio"])  # type: ignore[arg-type]
-        if r["gpus"] == 1 and r["data"] == "synthetic":
+        if (r["devices"] == 1 and r["data"] == "synthetic") or r["machine"] == CPU_MACHINE:
             assert ratio == pytest.approx(1.0, abs=1e-3)  # fitted exactly
         else:
             assert 0.85 <= ratio <= 1.25, r  # AlexNet at 8 GPUs is the worst: 1.245 (see docs/benchmarks.md)
+
+
+def test_cpus_have_their_own_efficiency() -> None:
+    w = Workload(MODELS["resnet50"], batch=64, precision="fp32")
+    hours = predict_plan(w, CPU_MACHINE).time_to_train_s / 3600
+    assert hours == pytest.approx(CPU_HOURS, rel=1e-3)  # the CPU baseline it is fitted to
+    gpu_changed = Factors(compute_efficiency=0.5, memory_passes=3.0)
+    assert predict_plan(w, CPU_MACHINE, factors=gpu_changed).compute_s == predict_plan(w, CPU_MACHINE).compute_s
+    slower_cpu = Factors(cpu_compute_efficiency=Factors().cpu_compute_efficiency / 2)
+    assert predict_plan(w, CPU_MACHINE, factors=slower_cpu).compute_s == pytest.approx(
+        2 * predict_plan(w, CPU_MACHINE).compute_s
+    )
+    assert predict_plan(w, "dgx1-p100", factors=slower_cpu).compute_s == predict_plan(w, "dgx1-p100").compute_s
+    # FLOPs only: the CPU time follows peak FLOPS (cores x clock x width), not memory bandwidth.
+    v3 = predict_plan(w, "xeon-e5-2697v3-2s")
+    ratio = machine_facts(CPU_MACHINE, "fp32").peak_tflops / machine_facts("xeon-e5-2697v3-2s", "fp32").peak_tflops
+    assert v3.compute_s / predict_plan(w, CPU_MACHINE).compute_s == pytest.approx(ratio)
+
+
+def test_planner_uses_dense_peaks_and_the_report_reads_sparse_claims() -> None:
+    a100 = find_machine("dgx-a100")
+    sparse, dense = a100.peak_tflops("fp16_tensor_sparse"), a100.peak_tflops("fp16_tensor")
+    assert sparse is not None and dense is not None and sparse.value == 2 * dense.value
+    assert machine_facts("dgx-a100", "fp16").peak_tflops == dense.value
+    row = next(r for r in evaluate() if r["claim"] == "DGX A100: 5 PFLOPS")
+    assert row["predicted"] == 8 * sparse.value
+
+
+def test_report_counts_only_out_of_sample_rows() -> None:
+    rows = evaluate()
+    fitted = [r for r in rows if r["fitted"]]
+    assert [r["claim"] for r in fitted] == ["ResNet-50, 90 epochs: dual Xeon E5-2699 v4 711 h"]
+    assert float(fitted[0]["ratio"]) == pytest.approx(1.0, rel=1e-3)
+    scored = [r for r in rows if not r["fitted"]]
+    within = sum(1 for r in scored if abs(float(r["error_pct"])) <= 20)
+    text = markdown(rows, calibration_table())
+    assert f"Within ±20%: {within} of {len(scored)} out-of-sample rows." in text
+    assert "| fit |" in text
+    servers = next(r for r in rows if r["claim"].startswith("more than 250 Xeon servers"))
+    ideal = next(r for r in rows if r["claim"].startswith("75x"))
+    assert float(servers["predicted"]) >= float(ideal["predicted"])  # a network costs servers, never saves them
 
 
 def test_breakdown_adds_up() -> None:
