@@ -24,6 +24,7 @@ from deskpod.plan.predict import machine_facts, match_nodes, predict_plan
 from deskpod.plan.workload import MODELS, Precision, Workload
 
 ITWIRE = "itwire.com DGX-1 article (calibration.md 4.4)"
+TF_BENCHMARKS = "tensorflow/docs benchmarks.md @62da04c0, the comparison row (calibration.md 4.2)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ def _rate(w: Workload, machine: str, nodes: int = 1) -> float:
 
 ALEX_GPU = _w("alexnet", "fp16", 512)
 ALEX_CPU = _w("alexnet", "fp32", 512)
+"""AlexNet in FP32: on CPUs, and on GPUs before Pascal (no fast FP16)."""
 R50_GPU = _w("resnet50", "fp16", 64)
 R50_CPU = _w("resnet50", "fp32", 64)
 SERVER_NETWORK = Network(1, 10)
@@ -79,6 +81,12 @@ CLAIMS: tuple[Claim, ...] = (
           "8 x the catalog's P100 FP16 peak", lambda: 8 * machine_facts("dgx1-p100", "fp16").peak_tflops),
     Claim("AlexNet takes 2 hours on a DGX-1", ITWIRE, 2, "h", "90 epochs of ImageNet-1k, FP16, batch 512/GPU, real data",
           lambda: _hours(ALEX_GPU, "dgx1-p100")),
+    Claim("12x: four Maxwell GPUs take 25 hours", ITWIRE, 25, "h",
+          "the same AlexNet run in FP32 (Maxwell has no fast FP16) on the DIGITS DevBox, 4x TITAN X",
+          lambda: _hours(ALEX_CPU, "digits-devbox")),
+    Claim("12x faster than four Maxwell GPUs", ITWIRE, 12, "x",
+          "AlexNet images/s, DGX-1 P100 FP16 over the DevBox FP32",
+          lambda: _rate(ALEX_GPU, "dgx1-p100") / _rate(ALEX_CPU, "digits-devbox")),
     Claim("... against 150 hours on a dual Xeon server", ITWIRE, 150, "h",
           "same run in FP32 on the dual E5-2697 v3 model", lambda: _hours(ALEX_CPU, "xeon-e5-2697v3-2s")),
     Claim("75x faster DL training than a dual Xeon E5-2697 v3", "sheffield_hpc dgx-1.rst; deskpod source documents",
@@ -88,6 +96,11 @@ CLAIMS: tuple[Claim, ...] = (
           "fewest dual E5-2697 v3 servers, AlexNet FP32 batch 512/socket, ring all-reduce over one 10 GbE port "
           "each, reaching the DGX-1's AlexNet images/s (the claim names no network; over 1 GbE the model needs 229)",
           _servers_to_match),
+    Claim("8x K80 (GCE): ResNet-50 387 images/s", TF_BENCHMARKS, 387, "images/s",
+          "Kepler, same software as the fit (TensorFlow, May 2017): FP32, batch 64/GPU, synthetic data",
+          lambda: _rate(_w("resnet50", "fp32", 64, "synthetic"), "gce-k80-8")),
+    Claim("8x K80 (GCE): AlexNet 4,640 images/s", TF_BENCHMARKS, 4640, "images/s",
+          "as above, batch 512/GPU", lambda: _rate(_w("alexnet", "fp32", 512, "synthetic"), "gce-k80-8")),
     Claim("DGX-1V vs DGX-1P: up to 3.1x faster CNN training", "DGX-1V whitepaper (leslivresblancs.fr)", 3.1, "x",
           "ResNet-50 synthetic, 8 GPUs: V100 FP16 Tensor Cores over P100 FP32",
           lambda: _rate(_w("resnet50", "fp16", 64, "synthetic"), "dgx1-v100")
