@@ -57,7 +57,7 @@ ALEX_CPU = _w("alexnet", "fp32", 512)
 R50_GPU = _w("resnet50", "fp16", 64)
 R50_CPU = _w("resnet50", "fp32", 64)
 SERVER_NETWORK = Network(1, 10)
-"""One 10 GbE port per CPU server: the claim names no network; 10 GbE was the common server port of 2016."""
+"""One 10 GbE port per CPU server: assumed, the claim names no network (the row states the 1 GbE answer too)."""
 
 
 def _sparse_peak(machine: str) -> float:
