@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cal.add_argument("--json", action="store_true")
     cal.set_defaults(func=run_calibrate)
 
-    f = plan.add_parser("fit", help="refit the model's factors to the DGX-1 (P100) figures and show the fit")
+    f = plan.add_parser("fit", help="refit the model's factors (DGX-1 P100 figures; the CPU baseline) and show the fit")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=run_fit)
 
