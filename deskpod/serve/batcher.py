@@ -14,6 +14,7 @@ the queue fills while the instances compute, so batches form without any waiting
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -25,6 +26,9 @@ import numpy as np
 from deskpod.errors import RunError
 from deskpod.serve.metrics import ModelStats
 from deskpod.serve.runtimes import Runtime
+
+DRAIN_TIMEOUT_S = 30.0
+"""How long a reload or unload lets the old copy answer its queued requests before failing the rest."""
 
 
 class Overloaded(RunError):
@@ -156,13 +160,15 @@ class Batcher:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False
+        self._draining = False
+        self._emptied = asyncio.Event()
 
     def start(self) -> None:
         self._workers = [asyncio.ensure_future(self._work(i)) for i in range(len(self.instances))]
 
     def submit(self, inputs: dict[str, np.ndarray], timeout_s: float | None) -> asyncio.Future[dict[str, np.ndarray]]:
         """Queue one request; its future resolves to exactly its own output rows. Raises `Overloaded`."""
-        if self._closed:
+        if self._closed or self._draining:
             raise ModelUnavailable("model is being unloaded")
         loop = asyncio.get_running_loop()
         batched = self.queue.max_batch_size > 0
@@ -209,6 +215,8 @@ class Batcher:
         batched = self.queue.max_batch_size > 0
         while not self._closed:
             batch = self.queue.take(self.clock())
+            if self._draining and self.queue.ready_at() is None:
+                self._emptied.set()
             if not batch:
                 at = self.queue.ready_at()
                 await self._wait(None if at is None else max(0.0, at - self.clock()))
@@ -230,6 +238,22 @@ class Batcher:
                     p.timer.cancel()
                 if not p.future.done():
                     p.future.set_result(r)
+
+    async def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Refuse new requests, answer every queued one (at once: no more batching delay), then `stop`.
+
+        For a reload or an unload: requests that reached this copy before it was swapped out finish
+        here instead of failing. Whatever is still queued after ``timeout_s`` fails as in `stop`.
+        """
+        self._draining = True
+        self.queue.max_delay_s = 0.0
+        for w in self._waiters:
+            if not w.done():
+                w.set_result(None)
+        if self._workers and self.queue.ready_at() is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._emptied.wait(), timeout_s)
+        await self.stop()
 
     async def stop(self) -> None:
         """Refuse new requests, fail the queued ones, let running batches finish, free the instances."""

@@ -3,7 +3,8 @@
 A model is ``LOADING`` → ``READY``, or ``UNAVAILABLE`` with the reason (failed to load, or unloaded). Loading
 runs on a worker thread (building an ONNX Runtime session blocks), so the server keeps answering — and the other
 models keep serving — while one loads or fails. Loading an already-loaded model is a reload: the new copy is
-built and warmed beside the old one, then swapped in; requests already queued on the old copy finish there.
+built and warmed beside the old one, then swapped in; requests already queued on the old copy finish there
+(`Batcher.drain`), as they do on an unload.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class ModelRegistry:
             entry.state, entry.reason = "READY", ""
             log.info("model %s ready (versions %s)", name, ", ".join(entry.versions))
             for lv in old.values():
-                await lv.batcher.stop()
+                await lv.batcher.drain()
 
     async def unload(self, name: str) -> None:
         entry = self.models.get(name)
@@ -119,7 +120,7 @@ class ModelRegistry:
             old, entry.versions = entry.versions, {}
             entry.state, entry.reason = "UNAVAILABLE", "unloaded"
             for lv in old.values():
-                await lv.batcher.stop()
+                await lv.batcher.drain()
 
     def get(self, name: str, version: str | None = None) -> LoadedVersion:
         entry = self.models.get(name)

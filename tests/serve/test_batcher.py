@@ -143,6 +143,51 @@ def test_unload_fails_queued_requests() -> None:
     asyncio.run(main())
 
 
+def test_drain_answers_queued_requests_then_refuses() -> None:
+    async def main() -> None:
+        rt = Doubler()
+        b = Batcher([rt], max_batch_size=8, max_queue_delay_s=10.0, max_queue_size=8, stats=ModelStats("m", "1"))
+        b.start()
+        futs = [b.submit({"x": np.full((1, 2), i, np.float32)}, None) for i in range(3)]
+        await asyncio.sleep(0.01)
+        assert not any(f.done() for f in futs)  # held for the 10 s batching delay
+        await asyncio.wait_for(b.drain(), 5.0)  # a reload or unload: no waiting out the delay, nothing failed
+        for i, f in enumerate(futs):
+            np.testing.assert_array_equal(f.result()["y"], np.full((1, 2), 2 * i, np.float32))
+        assert rt.batches == [3]
+        with pytest.raises(Exception, match="being unloaded"):
+            b.submit({"x": np.zeros((1, 2), np.float32)}, None)
+
+    asyncio.run(main())
+
+
+def test_drain_gives_up_after_its_timeout() -> None:
+    import threading
+
+    release = threading.Event()
+
+    class Stuck(Doubler):
+        def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            release.wait(10)
+            return super().run(inputs)
+
+    async def main() -> None:
+        b = Batcher([Stuck()], max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=8, stats=ModelStats("m", "1"))
+        b.start()
+        running = b.submit({"x": np.zeros((1, 2), np.float32)}, None)
+        await asyncio.sleep(0.05)  # the first request is on the (stuck) instance, the second waits behind it
+        queued = b.submit({"x": np.ones((1, 2), np.float32)}, None)
+        drain = asyncio.ensure_future(b.drain(timeout_s=0.1))
+        await asyncio.sleep(0.3)
+        with pytest.raises(Exception, match="unloaded before the request ran"):
+            await queued  # still queued after the timeout: failed, as on stop
+        release.set()
+        await asyncio.wait_for(drain, 5.0)
+        assert running.result()["y"].shape == (1, 2)  # the running batch finishes
+
+    asyncio.run(main())
+
+
 def test_instances_run_batches_concurrently() -> None:
     """Two instances: two batches in flight at once (each waits for the other at a barrier, or times out)."""
     import threading
