@@ -74,6 +74,10 @@ def _servers_to_match() -> float:
     return float("inf") if n is None else float(n)
 
 
+FACEBOOK = "developer.nvidia.com 'Facebook Trains ImageNet in 1 Hour' (Goyal et al. 2017); 90 epochs: aimechanic.com"
+BIG_BASIN = "Big Basin (8 P100 on NVLink) modelled as the DGX-1 (P100)"
+FB_R50 = _w("resnet50", "fp32", 32)
+
 NVIDIA_CNN_RUNNER = "tensorflow nvidia-examples/cnn/nvutils/runner.py: no --data_dir -> fake_image_set"
 
 CLAIMS: tuple[Claim, ...] = (
@@ -101,6 +105,12 @@ CLAIMS: tuple[Claim, ...] = (
           lambda: _rate(_w("resnet50", "fp32", 64, "synthetic"), "gce-k80-8")),
     Claim("8x K80 (GCE): AlexNet 4,640 images/s", TF_BENCHMARKS, 4640, "images/s",
           "as above, batch 512/GPU", lambda: _rate(_w("alexnet", "fp32", 512, "synthetic"), "gce-k80-8")),
+    Claim("Facebook: ResNet-50 on 8 P100 (Big Basin, Caffe2) in 29 hours", FACEBOOK, 29, "h",
+          f"90 epochs, FP32, batch 256 over 8 GPUs, real data; {BIG_BASIN}", lambda: _hours(FB_R50, "dgx1-p100")),
+    Claim("Facebook: ResNet-50 on 256 P100 (32 servers) in 1 hour", FACEBOOK, 1, "h",
+          f"batch 8,192 over 256 GPUs (32 each), otherwise as above; {BIG_BASIN}; one 50 Gb/s Ethernet port per "
+          "server (assumed from the paper, arXiv 1706.02677; not in the stored sources)",
+          lambda: predict_plan(FB_R50, "dgx1-p100", 32, network=Network(1, 50)).time_to_train_s / 3600),
     Claim("DGX-1V vs DGX-1P: up to 3.1x faster CNN training", "DGX-1V whitepaper (leslivresblancs.fr)", 3.1, "x",
           "ResNet-50 synthetic, 8 GPUs: V100 FP16 Tensor Cores over P100 FP32",
           lambda: _rate(_w("resnet50", "fp16", 64, "synthetic"), "dgx1-v100")
