@@ -115,26 +115,18 @@ def fit_local(m: Measurements, topology: Topology) -> Calibration:
         grad = int(model.params_m * 1e6 * BYTES_PER_ELEMENT["fp32"])
         comm = predict(topology, "all_reduce", grad, devices=devices, efficiency=comm_eff).time_s
     compute = step - comm
-    flops_only = compute_time(w, f, Factors(compute_efficiency=1.0, memory_passes=0.0, cpu_compute_efficiency=1.0))
-    if m.kind == "cpu":
-        if compute <= 0:
-            raise RunError(
-                f"calibration: the measured step ({step * 1e3:.1f} ms) is shorter than the modelled all-reduce "
-                f"({comm * 1e3:.1f} ms); the measurements are inconsistent, run it again"
-            )
-        factors = replace(
-            base, cpu_compute_efficiency=round(flops_only / compute, 6), comm_efficiency=round(comm_eff, 6)
-        )
-        return Calibration(m, factors, ring, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    memory = compute_time(w, f, Factors(compute_efficiency=1e30, memory_passes=base.memory_passes))
+    unit = Factors(compute_efficiency=1.0, memory_passes=0.0, cpu_compute_efficiency=1.0)
+    flops_only = compute_time(w, f, unit)
+    no_flops = Factors(compute_efficiency=1e30, memory_passes=base.memory_passes, cpu_compute_efficiency=1e30)
+    memory = compute_time(w, f, no_flops)  # 0 on CPUs: their compute is FLOPs only
     if compute <= memory:
         raise RunError(
             f"calibration: the measured step ({step * 1e3:.1f} ms) leaves {compute * 1e3:.1f} ms after the all-reduce, "
             f"less than the memory term alone ({memory * 1e3:.1f} ms); the measurements are inconsistent, run it again"
         )
-    factors = replace(
-        base, compute_efficiency=round(flops_only / (compute - memory), 6), comm_efficiency=round(comm_eff, 6)
-    )
+    efficiency = round(flops_only / (compute - memory), 6)
+    fitted = {"cpu_compute_efficiency" if m.kind == "cpu" else "compute_efficiency": efficiency}
+    factors = replace(base, comm_efficiency=round(comm_eff, 6), **fitted)
     return Calibration(m, factors, ring, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 

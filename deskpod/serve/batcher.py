@@ -248,8 +248,7 @@ class Batcher:
         self._draining = True
         self.queue.max_delay_s = 0.0
         for w in self._waiters:
-            if not w.done():
-                w.set_result(None)
+            _wake(w)
         if self._workers and self.queue.ready_at() is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._emptied.wait(), timeout_s)
@@ -263,8 +262,7 @@ class Batcher:
                 p.future.set_exception(ModelUnavailable("model was unloaded before the request ran"))
         self.queue.items.clear()
         for w in self._waiters:
-            if not w.done():
-                w.set_result(None)
+            _wake(w)
         if self._workers:
             await asyncio.gather(*self._workers, return_exceptions=True)
         for ex in self._executors:
