@@ -120,8 +120,8 @@ def export_model(
 def export_run(
     run_dir: Path, options: ExportOptions | None = None, *, repo: Path | None = None, format: str = "onnx"
 ) -> Path:
-    """Export a training run's latest checkpoint (read through ``deskpod.train.runs``)."""
-    from deskpod.train.runs import load_model
+    """Export a training run's latest checkpoint (`deskpod.train.checkpoint.load_model`)."""
+    from deskpod.train.checkpoint import load_model
 
     loaded = load_model(run_dir)
     if options is None:

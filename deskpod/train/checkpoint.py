@@ -14,39 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from deskpod.errors import CheckpointError
+from deskpod.errors import CheckpointError, UsageError
+from deskpod.train.runs import checkpoint_dir, has_checkpoint, list_checkpoints
 
 FORMAT = 1
-_NAME = re.compile(r"^step-(\d{8,})\.pt$")
-
-
-def checkpoint_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
+# Where checkpoints lie and how they are named belongs to the run folder (torch-free, for the pod service).
+__all__ = ["checkpoint_dir", "has_checkpoint", "list_checkpoints", "path_for"]
 
 
 def path_for(run_dir: Path, step: int) -> Path:
     return checkpoint_dir(run_dir) / f"step-{step:08d}.pt"
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint files of a run, oldest first (by step)."""
-    d = checkpoint_dir(run_dir)
-    if not d.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
-
-
-def has_checkpoint(run_dir: Path) -> bool:
-    return bool(list_checkpoints(run_dir))
 
 
 def _fsync_dir(d: Path) -> None:
@@ -147,3 +132,45 @@ def check_compatible(state: dict[str, Any], model_name: str, model: torch.nn.Mod
             "it was not loaded",
             usage=True,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A trained model ready for inference, with what its inputs must look like."""
+
+    model: Any  # torch.nn.Module
+    model_name: str
+    input_shape: tuple[int, int, int]
+    class_names: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    step: int
+    checkpoint: Path
+
+
+def load_model(run_dir: Path) -> LoadedModel:
+    """The model of a run from its latest loadable checkpoint: eval mode, CPU, fp32."""
+    from deskpod.train.models import ModelSpec, build_model
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"run folder {str(run_dir)!r} does not exist")
+    try:
+        path, state = load_latest(run_dir, warn=lambda _m: None)
+    except CheckpointError as e:
+        raise CheckpointError(f"run {run_dir}: {e}", usage=True) from None
+    spec = state["data_spec"]
+    c, h, w = (int(v) for v in spec["input_shape"])
+    model = build_model(state["model_name"], ModelSpec(int(spec["num_classes"]), c, (h, w)))
+    model.load_state_dict(state["model"])
+    model.eval()
+    return LoadedModel(
+        model=model,
+        model_name=str(state["model_name"]),
+        input_shape=(c, h, w),
+        class_names=[str(x) for x in spec["class_names"]],
+        mean=tuple(float(x) for x in spec["mean"]),
+        std=tuple(float(x) for x in spec["std"]),
+        step=int(state["step"]),
+        checkpoint=path,
+    )

@@ -172,7 +172,8 @@ def fashion_mnist_files(root: Path = FASHION_MNIST_DIR) -> dict[str, Path]:
 
 
 # --------------------------------------------------------------------------- image folders
-def _scan_classes(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
+def scan_classes(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
+    """Class folders (sorted) and every image under them as (path, class index): the trainer's view of a folder."""
     classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     samples: list[tuple[str, int]] = []
     for ci, c in enumerate(classes):
@@ -288,8 +289,8 @@ def describe(req: DataRequest, fashion_root: Path = FASHION_MNIST_DIR) -> DataSp
             raise DataError(
                 f"imagefolder path {arg!r} does not exist or is not a folder; give imagefolder:PATH with class folders"
             )
-        train_root, val_root = _folder_roots(root)
-        folder_classes, train = _scan_classes(train_root)
+        train_root, val_root = folder_roots(root)
+        folder_classes, train = scan_classes(train_root)
         if len(folder_classes) < 2:
             raise DataError(
                 f"imagefolder {str(train_root)!r}: found {len(folder_classes)} class folders; need at least 2 (one folder per class)"
@@ -298,7 +299,7 @@ def describe(req: DataRequest, fashion_root: Path = FASHION_MNIST_DIR) -> DataSp
             raise DataError(
                 f"imagefolder {str(train_root)!r}: no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in the class folders"
             )
-        n_val = len(_scan_classes(val_root)[1]) if val_root else max(1, int(len(train) * req.val_fraction))
+        n_val = len(scan_classes(val_root)[1]) if val_root else max(1, int(len(train) * req.val_fraction))
         n_train = len(train) if val_root else len(train) - n_val
         if n_train < 1 or n_val < 1:
             raise DataError(
@@ -319,7 +320,7 @@ def describe(req: DataRequest, fashion_root: Path = FASHION_MNIST_DIR) -> DataSp
     raise DataError(f"unknown dataset {req.data!r}; valid: {DATA_HELP}")
 
 
-def _folder_roots(root: Path) -> tuple[Path, Path | None]:
+def folder_roots(root: Path) -> tuple[Path, Path | None]:
     """``root/train`` + ``root/val`` when both exist, else ``root`` alone (split by val_fraction)."""
     if (root / "train").is_dir() and (root / "val").is_dir():
         return root / "train", root / "val"
@@ -346,10 +347,10 @@ def open_sources(
             SyntheticSource(spec.val_size, shape, spec.num_classes, req.seed + 1, device),
         )
     root = Path(arg).expanduser()
-    train_root, val_root = _folder_roots(root)
-    _, train = _scan_classes(train_root)
+    train_root, val_root = folder_roots(root)
+    _, train = scan_classes(train_root)
     if val_root is not None:
-        val = _scan_classes(val_root)[1]
+        val = scan_classes(val_root)[1]
     else:
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(req.seed + 13)).tolist()
         val = [train[i] for i in order[: spec.val_size]]

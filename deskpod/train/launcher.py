@@ -37,6 +37,7 @@ from deskpod.train.config import TrainConfig, build_config, write_config
 from deskpod.train.data import DataRequest, DataSpec, describe
 from deskpod.train.progress import Mode, Progress, format_duration
 from deskpod.train.runs import RunPaths, default_run_name, read_json
+from deskpod.train.sampler import run_length
 
 SHUTDOWN_GRACE_S = 60  # SIGTERM to workers, then SIGKILL after this long (they checkpoint in between)
 
@@ -171,6 +172,13 @@ def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int | None) -> 
         "collective_timeout_s": plan.cfg.collective_timeout_s,
         "data_spec": asdict(plan.data),
         "timing_skip_steps": timing_skip_steps,
+        "total_steps": run_length(
+            plan.data.train_size,
+            plan.per_device_batch * len(plan.devices),
+            plan.cfg.grad_accum,
+            plan.cfg.steps,
+            plan.cfg.epochs,
+        )[1],
     }
     paths.launch.write_text(json.dumps(launch, indent=2))
 

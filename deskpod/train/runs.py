@@ -1,10 +1,11 @@
-"""The run folder, and the one place that reads it (serve, plan and the dashboard come through here).
+"""The run folder, and the one place that reads it (serve, plan and the dashboard come through here;
+the model in its checkpoints is loaded by `deskpod.train.checkpoint.load_model`).
 
 ::
 
     runs/<name>/
         config.toml        the resolved configuration
-        launch.json        how the launcher started the workers (devices, backend, output mode)
+        launch.json        how the launcher started the workers (devices, backend, output mode, total_steps)
         metrics.jsonl      one JSON object per logged step, and one per validation ("kind": "val")
         tb/                TensorBoard event files
         checkpoints/       step-00001234.pt, the latest K kept
@@ -17,12 +18,13 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from deskpod.errors import CheckpointError, UsageError
+from deskpod.errors import UsageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +53,45 @@ class RunPaths:
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return checkpoint_dir(self.root)
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def workers(self) -> Path:
+        return self.root / "workers"
 
     @property
     def plots(self) -> Path:
         return self.root / "plots"
+
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The optimizer step a checkpoint file holds, from its name (None: not a checkpoint file)."""
+    m = CHECKPOINT_NAME.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint files of a run, oldest first (by step)."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [(step, p) for p in d.iterdir() if (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return bool(list_checkpoints(run_dir))
 
 
 def default_run_name(model: str, data: str, now: datetime | None = None) -> str:
@@ -97,46 +133,3 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         if isinstance(rec, dict):
             out.append(rec)
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedModel:
-    """A trained model ready for inference, with what its inputs must look like."""
-
-    model: Any  # torch.nn.Module (typed Any so this module imports without torch)
-    model_name: str
-    input_shape: tuple[int, int, int]
-    class_names: list[str]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    step: int
-    checkpoint: Path
-
-
-def load_model(run_dir: Path) -> LoadedModel:
-    """The model of a run from its latest loadable checkpoint: eval mode, CPU, fp32."""
-    from deskpod.train import checkpoint as ckpt
-    from deskpod.train.models import ModelSpec, build_model
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UsageError(f"run folder {str(run_dir)!r} does not exist")
-    try:
-        path, state = ckpt.load_latest(run_dir, warn=lambda _m: None)
-    except CheckpointError as e:
-        raise CheckpointError(f"run {run_dir}: {e}", usage=True) from None
-    spec = state["data_spec"]
-    c, h, w = (int(v) for v in spec["input_shape"])
-    model = build_model(state["model_name"], ModelSpec(int(spec["num_classes"]), c, (h, w)))
-    model.load_state_dict(state["model"])
-    model.eval()
-    return LoadedModel(
-        model=model,
-        model_name=str(state["model_name"]),
-        input_shape=(c, h, w),
-        class_names=[str(x) for x in spec["class_names"]],
-        mean=tuple(float(x) for x in spec["mean"]),
-        std=tuple(float(x) for x in spec["std"]),
-        step=int(state["step"]),
-        checkpoint=path,
-    )

@@ -49,6 +49,12 @@ class GlobalBatchSampler:
             yield perm[base + lo : base + lo + self.per_rank].tolist()
 
 
+def run_length(size: int, global_batch: int, grad_accum: int, steps: int, epochs: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, optimizer steps of the run): ``steps`` when set, else whole epochs."""
+    per_epoch = size // global_batch // grad_accum
+    return per_epoch, steps if steps else epochs * per_epoch
+
+
 def shard_indices(size: int, world: int, rank: int, batch: int) -> Iterator[list[int]]:
     """Validation: rank r takes samples r, r+world, …, in batches; every sample is seen exactly once."""
     mine = list(range(rank, size, world))

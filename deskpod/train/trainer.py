@@ -42,7 +42,7 @@ from deskpod.train.metrics import MetricsLog
 from deskpod.train.models import ModelSpec, build_model, is_convnet
 from deskpod.train.progress import Progress
 from deskpod.train.runs import RunPaths, read_json
-from deskpod.train.sampler import GlobalBatchSampler, shard_indices
+from deskpod.train.sampler import GlobalBatchSampler, run_length, shard_indices
 from deskpod.train.schedule import make_optimizer, make_schedule
 
 
@@ -139,13 +139,14 @@ class Trainer:
 
         self.train_src, self.val_src = open_sources(req, self.spec, self.device, Environment.read().fashion_mnist_dir)
         self.sampler = GlobalBatchSampler(len(self.train_src), self.per_device, self.world, self.rank, seed=cfg.seed)
-        self.steps_per_epoch = self.sampler.steps_per_epoch // cfg.grad_accum
+        self.steps_per_epoch, self.total_steps = run_length(
+            len(self.train_src), self.sampler.global_batch, cfg.grad_accum, cfg.steps, cfg.epochs
+        )
         if self.steps_per_epoch < 1:
             raise ConfigError(
                 f"grad_accum {cfg.grad_accum} needs {cfg.grad_accum} micro-steps per optimizer step, but an epoch has "
                 f"only {self.sampler.steps_per_epoch}; lower grad_accum or batch_size"
             )
-        self.total_steps = cfg.steps if cfg.steps else cfg.epochs * self.steps_per_epoch
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         global_batch = self.per_device * self.world * cfg.grad_accum
         self.lr = cfg.lr or cfg.base_lr * global_batch / 256

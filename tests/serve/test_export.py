@@ -1,4 +1,4 @@
-"""Export: a run folder (through deskpod.train.runs.load_model) -> a repository version with its spec and labels."""
+"""Export: a run folder (through deskpod.train.checkpoint.load_model) -> a repository version with its spec and labels."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from tests.serve.conftest import Server, make_mlp, torch
 
 
 def test_export_run_through_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import deskpod.train.runs as runs
+    import deskpod.train.checkpoint as checkpoint
 
     model = make_mlp()
     loaded = SimpleNamespace(model=model, model_name="mlp", input_shape=(2, 4, 4), class_names=["x", "y", "z"],
                              mean=(0.1, 0.2), std=(0.5, 0.25))  # fmt: skip
-    monkeypatch.setattr(runs, "load_model", lambda run_dir: loaded)
+    monkeypatch.setattr(checkpoint, "load_model", lambda run_dir: loaded)
     run = tmp_path / "runs" / "t1"
     run.mkdir(parents=True)
     repo = tmp_path / "models"
@@ -51,7 +51,7 @@ def test_trained_run_export_serve_infer(server: Server, tmp_path: Path) -> None:
 
     import tritonclient.http as tc
 
-    from deskpod.train.runs import load_model
+    from deskpod.train.checkpoint import load_model
 
     cmd = [sys.executable, "-m", "deskpod", "train", "--data", "synthetic:1x16x16", "--model", "mlp", "--devices", "1",
            "--steps", "2", "--batch-size", "8", "--quiet", "--out", str(tmp_path), "--name", "tiny"]  # fmt: skip
