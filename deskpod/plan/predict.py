@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from deskpod.comm.cost import MAX_NODES, Network, predict
 from deskpod.errors import UsageError
@@ -90,15 +91,18 @@ class MachineFacts:
 _CORES = re.compile(r"(\d+)\s*cores")
 
 
-def machine_facts(name: str, precision: Precision) -> MachineFacts:
-    """The catalog machine's facts for ``precision``; `UsageError` when the catalog lacks one the model needs."""
+def machine_facts(name: str, precision: Precision, *, home: Path | None = None) -> MachineFacts:
+    """The catalog machine's facts for ``precision``; `UsageError` when the catalog lacks one the model needs.
+
+    Machine ``local`` is read from the calibration under ``home`` (default: ``DESKPOD_HOME``).
+    """
     if precision not in PEAK_FALLBACK:
         raise UsageError(f"unknown precision {precision!r}; valid: {', '.join(PEAK_FALLBACK)}")
     if name == "local":
         from deskpod.hardware.placement import local_topology
         from deskpod.plan.local import facts, load
 
-        return facts(load().measurements, local_topology())
+        return facts(load(home).measurements, local_topology())
     return _facts(find_machine(name).name, precision)
 
 
@@ -183,14 +187,18 @@ def predict_plan(
     devices_per_node: int | None = None,
     network: Network | None = None,
     factors: Factors | None = None,
+    home: Path | None = None,
 ) -> Plan:
-    """Predict ``workload`` on ``nodes`` x ``machine`` (``devices_per_node`` of its devices each, default all)."""
+    """Predict ``workload`` on ``nodes`` x ``machine`` (``devices_per_node`` of its devices each, default all).
+
+    ``home`` is where machine ``local``'s calibration lies (default: ``DESKPOD_HOME``; a pod passes its own).
+    """
     if factors is None and machine == "local":
         from deskpod.plan.local import load
 
-        factors = load().factors
+        factors = load(home).factors
     factors = factors or Factors()
-    f = machine_facts(machine, workload.precision)
+    f = machine_facts(machine, workload.precision, home=home)
     if not 1 <= nodes <= MAX_NODES:
         raise UsageError(f"nodes must be 1..{MAX_NODES}, got {nodes}")
     g = f.devices if devices_per_node is None else devices_per_node
