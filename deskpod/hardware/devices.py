@@ -105,7 +105,7 @@ def _open_nvml() -> GpuQuery | None:
         return None
 
 
-def _visible(all_count: int, uuids: Sequence[str], cvd: tuple[str, ...] | None) -> list[int]:
+def visible_gpus(all_count: int, uuids: Sequence[str], cvd: tuple[str, ...] | None) -> list[int]:
     """Physical GPU indices that ``CUDA_VISIBLE_DEVICES`` leaves visible, in its order.
 
     Like CUDA, the list stops at the first entry that names no device.
@@ -132,7 +132,7 @@ def discover_gpus(query: GpuQuery | None, env: Environment) -> tuple[Device, ...
     if query is not None:
         n = query.count()
         uuids = [query.uuid(i) for i in range(n)]
-        physical = _visible(n, uuids, env.cuda_visible_devices)
+        physical = visible_gpus(n, uuids, env.cuda_visible_devices)
         return tuple(Device("cuda", k, query.name(p), query.memory_bytes(p), uuids[p]) for k, p in enumerate(physical))
     import torch
 

@@ -208,12 +208,12 @@ def _open_query() -> TopologyQuery | None:
 def local_topology(query: TopologyQuery | None = None) -> Topology:
     """This box: live via NVML when GPUs are present, else its CPU worker slots (all pairs shared memory)."""
     from deskpod.environment import Environment
-    from deskpod.hardware.devices import _visible, discover
+    from deskpod.hardware.devices import discover, visible_gpus
 
     query = query or _open_query()
     if query is not None:
         uuids = [query.uuid(p) for p in range(query.count())]
-        visible = _visible(query.count(), uuids, Environment.read().cuda_visible_devices)
+        visible = visible_gpus(query.count(), uuids, Environment.read().cuda_visible_devices)
         if visible:
             return topology_from_query(query, visible=visible)
     inventory = discover(use_nvml=False)
