@@ -10,6 +10,7 @@ The tree::
     │   ├── AuthError            a missing or unknown pod-service token (HTTP 401)
     │   ├── AccessError          a valid token without the right to do this, e.g. not admin (HTTP 403)
     │   ├── NotFoundError        no such job or user, or one that belongs to another user (HTTP 404)
+    │   ├── ConflictError        a request the current state refuses: a user that exists, requeueing a finished job (HTTP 409)
     │   └── TooLargeError        a request body over the pod service's limit (HTTP 413)
     └── RunError                 a failure while doing valid work (CLI exit 1, HTTP 5xx)
         ├── CheckpointError      a checkpoint that is missing, corrupt, or from another model
@@ -85,6 +86,10 @@ class AccessError(UsageError):
 
 class NotFoundError(UsageError):
     """No such job or user; also what another user's job looks like to a non-admin (HTTP 404)."""
+
+
+class ConflictError(UsageError):
+    """A valid request that the current state refuses: a name taken, a job in a state that does not allow it (HTTP 409)."""
 
 
 class TooLargeError(UsageError):

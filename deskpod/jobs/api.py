@@ -10,7 +10,8 @@ the OpenAPI document describes them, `parse_spec` enforces them.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
@@ -24,6 +25,7 @@ from deskpod.errors import (
     AccessError,
     AuthError,
     ConfigError,
+    ConflictError,
     DeskpodError,
     NotFoundError,
     TooLargeError,
@@ -40,17 +42,41 @@ MAX_BODY = 64 * 1024
 MAX_LOG_CHUNK = 1 << 20
 
 
-def _status_of(e: DeskpodError) -> int:
+def status_of(e: DeskpodError) -> int:
+    """The HTTP status of an error deskpod raised on purpose (4xx bad input, 5xx our failures)."""
     for cls, code in (
         (AuthError, 401),
         (AccessError, 403),
         (NotFoundError, 404),
+        (ConflictError, 409),
         (TooLargeError, 413),
         (UsageError, 400),
     ):
         if isinstance(e, cls):
             return code
     return 500
+
+
+class ServerTiming:
+    """Adds ``Server-Timing: app;dur=<ms>`` to every answer: the time until its headers were ready,
+    which for a JSON answer or a page is the whole of its server work (the benchmarks read it)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+
+        async def timed(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                ms = (time.perf_counter() - t0) * 1000
+                message["headers"] = [*message.get("headers", []), (b"server-timing", f"app;dur={ms:.2f}".encode())]
+            await send(message)
+
+        await self.app(scope, receive, timed)
 
 
 def current_user(request: Request, authorization: Annotated[str | None, Header()] = None) -> User:
@@ -62,15 +88,22 @@ def current_user(request: Request, authorization: Annotated[str | None, Header()
 Caller = Annotated[User, Depends(current_user)]
 
 
-def create_app(pod: Pod, *, on_shutdown: Callable[[bool], None]) -> FastAPI:
-    """The API over one `Pod`; ``on_shutdown(stop_jobs)`` is what ``POST /v1/shutdown`` calls."""
+def create_app(
+    pod: Pod, *, on_shutdown: Callable[[bool], None], extensions: Sequence[Callable[[FastAPI, Pod], None]] = ()
+) -> FastAPI:
+    """The API over one `Pod`; ``on_shutdown(stop_jobs)`` is what ``POST /v1/shutdown`` calls.
+
+    Each of ``extensions`` is called with the app and the pod to add its own routes (the dashboard
+    of `deskpod.web`): whoever starts the daemon hands them in, so this package never imports them.
+    """
     app = FastAPI(title="deskpod pod service", version=__version__, description=__doc__)
+    app.add_middleware(ServerTiming)
     store = pod.store
     app.state.pod = pod
 
     @app.exception_handler(DeskpodError)
     async def _deskpod_error(_: Request, e: DeskpodError) -> JSONResponse:
-        return JSONResponse({"error": str(e)}, status_code=_status_of(e))
+        return JSONResponse({"error": str(e)}, status_code=status_of(e))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, e: RequestValidationError) -> JSONResponse:
@@ -137,16 +170,16 @@ def create_app(pod: Pod, *, on_shutdown: Callable[[bool], None]) -> FastAPI:
         user: Caller,
         state: Annotated[str | None, Query(max_length=32)] = None,
         limit: Annotated[int, Query(ge=1, le=100000)] = 1000,
+        owner: Annotated[str | None, Query(alias="user", max_length=64)] = None,
+        name: Annotated[str | None, Query(max_length=64)] = None,
+        before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
     ) -> dict[str, Any]:
-        """Your jobs (every job for an admin), newest first."""
-        states = None
-        if state is not None:
-            names = [s.value for s in JobState]
-            if state not in names:
-                raise ConfigError(f"state {state!r} is not a job state; valid: {', '.join(names)}")
-            states = [JobState(state)]
-        jobs = store.jobs(user=None if user.admin else user.name, states=states, limit=limit)
-        return {"jobs": [j.to_json() for j in jobs]}
+        """Your jobs (every job for an admin, or one user's with ``user``), newest first; ``name`` keeps
+        those whose name contains it. Pages: pass the answer's ``next`` as ``before`` for the next one."""
+        states = None if state is None else [parse_state(state)]
+        jobs = store.jobs(user=visible_owner(user, owner), states=states, name=name, before=before, limit=limit)
+        nxt = str(jobs[-1].id) if len(jobs) == limit else None
+        return {"jobs": [j.to_json() for j in jobs], "next": nxt}
 
     @app.get("/v1/jobs/{job_id}", tags=["jobs"])
     def show(job_id: str, user: Caller) -> dict[str, Any]:
@@ -157,6 +190,12 @@ def create_app(pod: Pod, *, on_shutdown: Callable[[bool], None]) -> FastAPI:
     def cancel(job_id: str, user: Caller) -> dict[str, Any]:
         """Cancel a queued job at once, or stop a running one (SIGTERM, grace, SIGKILL)."""
         return pod.cancel(user, job_id).to_json()
+
+    @app.post("/v1/jobs/{job_id}/requeue", tags=["jobs"])
+    def requeue(job_id: str, user: Caller) -> dict[str, Any]:
+        """Send a cancelled, failed or lost job back to the queue, or stop a running one and requeue it
+        (a train job resumes from its checkpoint); 409 for a job that succeeded."""
+        return pod.requeue(user, job_id).to_json()
 
     @app.get("/v1/jobs/{job_id}/log", tags=["jobs"], response_class=PlainTextResponse)
     def log(
@@ -208,7 +247,7 @@ def create_app(pod: Pod, *, on_shutdown: Callable[[bool], None]) -> FastAPI:
         if not isinstance(admin, bool):
             raise ConfigError(f"admin = {admin!r}: expected true or false")
         if not store.add_user(name, admin):
-            raise ConfigError(f"user {name!r} exists already; make another token with POST /v1/users/{name}/tokens")
+            raise ConflictError(f"user {name!r} exists already; make another token with POST /v1/users/{name}/tokens")
         return {"name": name, "admin": admin, "token": auth.new_token(store, name)}
 
     @app.get("/v1/users", tags=["users"])
@@ -237,4 +276,24 @@ def create_app(pod: Pod, *, on_shutdown: Callable[[bool], None]) -> FastAPI:
         on_shutdown(stop_jobs)
         return {"stopping": True, "stop_jobs": stop_jobs}
 
+    for extend in extensions:
+        extend(app, pod)
     return app
+
+
+def parse_state(state: str) -> JobState:
+    """A job state from a query parameter; `ConfigError` listing the valid ones."""
+    try:
+        return JobState(state)
+    except ValueError:
+        names = ", ".join(s.value for s in JobState)
+        raise ConfigError(f"state {state!r} is not a job state; valid: {names}") from None
+
+
+def visible_owner(user: User, owner: str | None) -> str | None:
+    """Whose jobs ``user`` lists: an admin anyone's (None: everyone's), a user only their own."""
+    if user.admin:
+        return owner or None
+    if owner and owner != user.name:
+        raise AccessError(f"user {user.name!r} sees only their own jobs; only an admin lists another user's")
+    return user.name

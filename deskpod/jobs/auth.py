@@ -4,6 +4,10 @@ A token is 32 random bytes (URL-safe text) shown once when it is made; the store
 SHA-256. A salted slow hash (bcrypt, scrypt) protects *guessable* passwords; a 256-bit random token
 cannot be guessed, so a plain hash is enough and keeps every request's check to one lookup.
 
+A browser signs in once with a token and gets a *session* instead (the dashboard's cookie): 32 random
+bytes again, stored hashed beside its user, a CSRF token for the forms it posts, and an expiry.
+Signing out, or the expiry, ends it; the token it came from keeps working for the CLI.
+
 Roles: an admin creates users and tokens and sees every job; a user sees and acts on their own
 jobs only. The first ``deskpod up`` on an empty home creates the admin ``admin`` and writes its
 token to the starting user's token file (mode 0600).
@@ -46,6 +50,28 @@ def authenticate(store: Store, header: str | None) -> User:
     if user is None:
         raise AuthError("unknown token; ask an admin for one (deskpod user add NAME)")
     return user
+
+
+SESSION_HOURS = 12.0
+"""How long a dashboard session lasts from sign-in (a working day)."""
+
+
+def new_session(store: Store, user: User, now: float, hours: float = SESSION_HOURS) -> tuple[str, str]:
+    """Start a browser session for ``user``; returns (session id for the cookie, CSRF token for its forms)."""
+    session, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(24)
+    store.add_session(hash_token(session), user.name, csrf, now, now + hours * 3600)
+    return session, csrf
+
+
+def session_user(store: Store, session: str | None, now: float) -> tuple[User, str] | None:
+    """(user, CSRF token) of a live session cookie, or None (no cookie, unknown, expired)."""
+    if not session:
+        return None
+    return store.session(hash_token(session), now)
+
+
+def end_session(store: Store, session: str) -> None:
+    store.end_session(hash_token(session))
 
 
 def require_admin(user: User) -> None:

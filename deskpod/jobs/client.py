@@ -20,13 +20,16 @@ from deskpod.errors import (
     AccessError,
     AuthError,
     ConfigError,
+    ConflictError,
     NotFoundError,
     ServiceError,
     TooLargeError,
     UsageError,
 )
 
-_BY_STATUS: dict[int, type[UsageError]] = {401: AuthError, 403: AccessError, 404: NotFoundError, 413: TooLargeError}
+_BY_STATUS: dict[int, type[UsageError]] = {
+    401: AuthError, 403: AccessError, 404: NotFoundError, 409: ConflictError, 413: TooLargeError,
+}  # fmt: skip
 
 
 def token_path(env: Environment) -> Path:
@@ -109,10 +112,13 @@ class PodClient:
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return dict(self.request("POST", "/v1/jobs", json=spec).json())
 
-    def jobs(self, state: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+    def jobs(
+        self, state: str | None = None, limit: int = 1000, *, user: str | None = None, name: str | None = None
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
-        if state:
-            params["state"] = state
+        for key, value in (("state", state), ("user", user), ("name", name)):
+            if value:
+                params[key] = value
         return list(self.request("GET", "/v1/jobs", params=params).json()["jobs"])
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -120,6 +126,9 @@ class PodClient:
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self.request("POST", f"/v1/jobs/{_quoted(job_id)}/cancel").json())
+
+    def requeue(self, job_id: str) -> dict[str, Any]:
+        return dict(self.request("POST", f"/v1/jobs/{_quoted(job_id)}/requeue").json())
 
     def log(self, job_id: str, offset: int = 0) -> tuple[bytes, int, str]:
         """(bytes from ``offset``, the next offset, the job's state)."""

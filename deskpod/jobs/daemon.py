@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -62,8 +63,14 @@ def _catalog_topology(name: str) -> Any:
     return machine(name)
 
 
-def serve(config: PodConfig, env: Environment | None = None) -> int:
-    """Run the pod service until SIGTERM/SIGINT or ``POST /v1/shutdown``; returns the exit code."""
+def serve(
+    config: PodConfig, env: Environment | None = None, *, extensions: Sequence[Callable[[Any, Pod], None]] = ()
+) -> int:
+    """Run the pod service until SIGTERM/SIGINT or ``POST /v1/shutdown``; returns the exit code.
+
+    ``extensions`` add routes to the service's app (``deskpod up`` hands in the dashboard's); see
+    `deskpod.jobs.api.create_app`.
+    """
     import uvicorn
 
     from deskpod.hardware.devices import discover
@@ -93,24 +100,36 @@ def serve(config: PodConfig, env: Environment | None = None) -> int:
         device_count=topo.device_count,
         device_kind=kind,
         place=lambda f, k, p: place(topo, f, k, policy=p),
+        topology=topo,
     )
     pod.start()
 
     stop_jobs = [False]
     servers: list[uvicorn.Server] = []
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # SIGTERM/SIGINT: live streams end too
+            pod.stopping.set()
+            super().handle_exit(sig, frame)
+
     def on_shutdown(also_jobs: bool) -> None:
         stop_jobs[0] = also_jobs
+        pod.stopping.set()
         servers[0].should_exit = True
 
-    app = create_app(pod, on_shutdown=on_shutdown)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    app = create_app(pod, on_shutdown=on_shutdown, extensions=extensions)
+    # Live streams watch pod.stopping and end within a second; the timeout is the backstop.
+    server = Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+    )
     servers.append(server)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     info = home / "daemon.json"
     info.write_text(json.dumps({"url": url, "pid": os.getpid()}))
     what = "GPUs" if kind == "cuda" else "CPU worker slots"
     print(f"deskpod: pod service on {url} (home {home}, {topo.device_count} {what})", flush=True)
+    if extensions:
+        print(f"deskpod: dashboard on {url}/ui/ (sign in with a user's token)", flush=True)
     try:
         server.run(sockets=[sock])
     finally:

@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import ConfigError, DeviceError, NotFoundError
+from deskpod.errors import ConfigError, ConflictError, DeviceError, NotFoundError
 from deskpod.hardware.placement import Placement, Unplaceable
+from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
+from deskpod.jobs.forecast import Forecast, forecast
 from deskpod.jobs.scheduler import Running, Waiting, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
-from deskpod.jobs.states import FINAL, JobState
+from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord, Store, User
 
 S = JobState
@@ -74,14 +76,19 @@ class Pod:
         device_kind: str,
         place: Callable[[Sequence[int], int, str], Placement | Unplaceable],
         clock: Callable[[], float] = time.time,
+        topology: Topology | None = None,
     ) -> None:
         self.config, self.store, self.device_count, self.device_kind = config, store, device_count, device_kind
         self.place, self.clock = place, clock
+        self.topology = topology
+        """The box's topology as the scheduler sees it (the dashboard draws it); None in unit tests."""
         self.sup = sv.Supervisor()
         # The daemon's own CUDA_VISIBLE_DEVICES: device i of its topology is entry i of that list.
         self._visible = Environment.read().cuda_visible_devices
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.stopping = threading.Event()
+        """Set when the service begins to shut down: long-lived answers (live page streams) end then."""
         self._dirty = True
         self._last_pass = 0.0
         self._thread: threading.Thread | None = None
@@ -93,6 +100,8 @@ class Pod:
         k = int(spec.devices)
         if spec.workdir is not None and not Path(spec.workdir).is_dir():
             raise ConfigError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
+        if spec.serve is not None:
+            _check_servable(Path(spec.serve["run"]))
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
         if k > self.device_count:
             raise DeviceError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
@@ -130,6 +139,32 @@ class Pod:
             job = self.store.job(job.id) or job
         return self.store.job(job.id) or job
 
+    def requeue(self, user: User, job_id: str) -> JobRecord:
+        """Send a job back to the queue: an ended one (cancelled, failed, lost) at once, with its retries
+        counted afresh; an active one is stopped first (SIGTERM, grace, SIGKILL). A ``train`` job resumes
+        from its checkpoint. A job that succeeded is not run again (`ConflictError`): submit it anew."""
+        job = self.visible_job(user, job_id)
+        for _ in range(5):  # the loop may move the job between our read and our write; read again
+            if job.state is S.QUEUED:
+                return job
+            if job.state in REQUEUABLE and self.store.transition(
+                job.id, S.QUEUED, f"requeued by {user.name}", expect=[job.state],
+                reason=f"requeued by {user.name}", failures=0, pid=None,
+            ):  # fmt: skip
+                self.wake()
+                break
+            if job.state.active and self.store.update(
+                job.id, expect=ACTIVE, stop_reason="requeue", reason=f"stopping to requeue (asked by {user.name})"
+            ):
+                self.wake()
+                break
+            if job.state is S.SUCCEEDED:
+                raise ConflictError(
+                    f"job {job.id} succeeded; a finished job is not run again: submit its spec as a new job"
+                )
+            job = self.store.job(job.id) or job
+        return self.store.job(job.id) or job
+
     def wake(self) -> None:
         self._dirty = True
         self._wake.set()
@@ -142,6 +177,7 @@ class Pod:
 
     def close(self, *, stop_jobs: bool = False) -> None:
         """Stop the loop. Jobs keep running (the next daemon adopts them) unless ``stop_jobs``."""
+        self.stopping.set()
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -171,7 +207,15 @@ class Pod:
             self._schedule(now)
 
     def _files(self, job: JobRecord) -> sv.Attempt:
-        return sv.Attempt(self.config.home / "jobs" / str(job.id))
+        return sv.Attempt(self.job_folder(job))
+
+    def job_folder(self, job: JobRecord) -> Path:
+        """The job's own folder: its output log, exit codes, and for train jobs its run folder."""
+        return self.config.home / "jobs" / str(job.id)
+
+    def run_dir(self, job: JobRecord) -> Path | None:
+        """The run folder a train job writes (``runs/<name>/`` in its job folder); None for other kinds."""
+        return self.job_folder(job) / "runs" / job.spec.name if job.spec.train is not None else None
 
     def _watch(self, job: JobRecord, now: float) -> None:
         pid = job.pid
@@ -209,12 +253,16 @@ class Pod:
             "assigned": "",
         }
         why = job.stop_reason
-        if code == 0:
+        # A job asked to stop ends as the request said, whatever its exit code: a server that exits 0 on
+        # SIGTERM was still cancelled (or preempted), not done.
+        if code == 0 and why is None:
             self.store.transition(job.id, S.SUCCEEDED, "exit code 0", reason="", **base)
         elif why == "cancel":
             self.store.transition(job.id, S.CANCELLED, f"cancelled (exit code {code})", reason="cancelled", **base)
-        elif why in ("preempt", "shutdown"):
-            note = "preempted" if why == "preempt" else "stopped with the daemon"
+        elif why in ("preempt", "shutdown", "requeue"):
+            note = {"preempt": "preempted", "shutdown": "stopped with the daemon", "requeue": "stopped to be requeued"}[
+                why
+            ]
             self.store.transition(job.id, S.PREEMPTED, f"{note} (exit code {code})", **base)
             self.store.transition(job.id, S.QUEUED, "requeued", reason=f"{note}; requeued", pid=None)
         else:
@@ -235,15 +283,24 @@ class Pod:
                 )
         self._dirty = True
 
-    def _schedule(self, now: float) -> None:
-        active = self.store.jobs(states=ACTIVE)
-        running = [
+    def _running(self, now: float) -> list[Running]:
+        """The active jobs as the scheduler sees them (a stopping job frees its devices by its deadline)."""
+        return [
             Running(
                 j.id, j.priority, j.assigned, j.started_at or now, j.max_runtime,
                 (j.stop_deadline or now + self.config.grace_s) if j.stop_reason else None,
             )
-            for j in active
+            for j in self.store.jobs(states=ACTIVE)
         ]  # fmt: skip
+
+    def forecast(self, now: float | None = None) -> Forecast:
+        """Every queued job's position and, for the front of the queue, its estimated start."""
+        now = self.clock() if now is None else now
+        waiting = [Waiting(q[0], q[1], q[2], q[3], q[4]) for q in self.store.queue()]
+        return forecast(waiting, self._running(now), self.device_count, now)
+
+    def _schedule(self, now: float) -> None:
+        running = self._running(now)
         queued = self.store.queue()
         if not queued:
             return
@@ -296,6 +353,8 @@ class Pod:
 
     def _argv(self, job: JobRecord, folder: Path) -> list[str]:
         spec: JobSpec = job.spec
+        if spec.serve is not None:
+            return serve_argv(spec.serve, folder)
         if spec.train is None:
             return list(spec.command)
         import tomli_w
@@ -303,7 +362,7 @@ class Pod:
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "train.toml"
         config.write_text(tomli_w.dumps(dict(spec.train)))
-        out = folder / "runs"
+        out = folder / "runs"  # run_dir() names the same folder
         argv = [
             sys.executable,
             "-m",
@@ -387,6 +446,27 @@ class Pod:
             "preemption": self.config.preemption,
             "grace_s": self.config.grace_s,
         }
+
+
+def serve_argv(serve: dict[str, Any] | Any, folder: Path) -> list[str]:
+    """``deskpod serve`` for a ``[serve]`` job: export the run into the job's own repository, serve it on a
+    free loopback port, and write where it listens to ``serve.json`` in the job's folder."""
+    s = serve
+    return [
+        sys.executable, "-m", "deskpod", "serve", str(folder / "models"),
+        "--export", str(s["run"]), "--name", str(s["model"]), "--format", str(s["format"]),
+        "--max-batch-size", str(s["max_batch_size"]), "--max-queue-delay-us", str(s["max_queue_delay_us"]),
+        "--instances", str(s["instances"]), "--port", "0", "--port-file", str(folder / "serve.json"),
+    ]  # fmt: skip
+
+
+def _check_servable(run: Path) -> None:
+    from deskpod.train.runs import has_checkpoint
+
+    if not run.is_dir():
+        raise ConfigError(f"job spec: serve.run {str(run)!r} is not a run folder on this box")
+    if not has_checkpoint(run):
+        raise ConfigError(f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)")
 
 
 def free_port() -> int:

@@ -5,7 +5,8 @@ ends up as one `JobSpec` through `parse_spec`. Everything a spec names is checke
 daemon stores it, so nothing is ever executed from a bad spec::
 
     name = "resnet-sweep-3"          # letters, digits, . _ - (no shell metacharacters, no path separators)
-    command = ["python", "x.py"]     # an argv list, never run through a shell ... or a [train] table
+    command = ["python", "x.py"]     # an argv list, never run through a shell ... or a [train] table,
+                                     # or a [serve] table: serve a run's model until the job is stopped
     devices = 2                      # a count, or "all"
     placement = "best"               # best | pack | partition:<name>
     priority = 0                     # higher runs first (-1000..1000)
@@ -14,6 +15,18 @@ daemon stores it, so nothing is ever executed from a bad spec::
     workdir = "/abs/path"            # default: the job's own folder
     [env]
     SEED = "1"
+
+A ``[serve]`` job exports a training run's latest checkpoint into the job's own model repository and
+runs ``deskpod serve`` on it (v2 protocol on 127.0.0.1, a port of its own, written to the job's
+``serve.json``), holding its devices until it is cancelled::
+
+    [serve]
+    run = "/abs/path/runs/my-run"    # a run folder with checkpoints
+    model = "my-run"                 # the model's name on the server (default: the run's name)
+    format = "onnx"                  # onnx | torch
+    max_batch_size = 32
+    max_queue_delay_us = 2000
+    instances = 1
 """
 
 from __future__ import annotations
@@ -44,12 +57,18 @@ MAX_ARG_CHARS = 8192
 MAX_ENV = 256
 MAX_TRAIN_CHARS = 32768
 
-FIELDS = ("name", "command", "train", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir")
+FIELDS = (
+    "name", "command", "train", "serve", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
+)  # fmt: skip
+KINDS = ("command", "train", "serve")
+"""A spec has exactly one of these fields; it says what the job runs."""
+SERVE_FORMATS = ("onnx", "torch")
+SERVE_FIELDS = ("run", "model", "format", "max_batch_size", "max_queue_delay_us", "instances")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
-    """One job, validated. Exactly one of ``command`` and ``train`` is set."""
+    """One job, validated. Exactly one of ``command``, ``train`` and ``serve`` is set."""
 
     name: str
     """Shown in listings; letters, digits, ``._-``, at most 64 characters."""
@@ -57,6 +76,8 @@ class JobSpec:
     """The argv to execute (no shell)."""
     train: Mapping[str, Any] | None = None
     """A `deskpod train` config table; the job runs the trainer on it (and resumes from its checkpoint)."""
+    serve: Mapping[str, Any] | None = None
+    """What to serve (every key of `SERVE_FIELDS` filled in): the job exports the run and serves it."""
     devices: int | str = 1
     """A count from 1, or ``"all"`` (resolved to this box's device count at submission)."""
     placement: str = "best"
@@ -74,7 +95,7 @@ class JobSpec:
 
     @property
     def kind(self) -> str:
-        return "train" if self.train is not None else "command"
+        return "train" if self.train is not None else "serve" if self.serve is not None else "command"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -89,6 +110,8 @@ class JobSpec:
         }
         if self.train is not None:
             out["train"] = dict(self.train)
+        elif self.serve is not None:
+            out["serve"] = dict(self.serve)
         else:
             out["command"] = list(self.command)
         return out
@@ -101,10 +124,10 @@ def _bad(key: str, value: object, valid: str) -> ConfigError:
     return ConfigError(f"job spec: {key} = {shown} is not valid; {valid}")
 
 
-def _int(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+def _int(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefix: str = "") -> int:
     v = data.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _bad(key, v, f"expected a whole number from {lo} to {hi}, e.g. {key} = {max(lo, min(hi, 1))}")
+        raise _bad(prefix + key, v, f"expected a whole number from {lo} to {hi}, e.g. {key} = {max(lo, min(hi, 1))}")
     return v
 
 
@@ -132,14 +155,19 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     if unknown:
         raise ConfigError(f"job spec: unknown field {unknown[0]!r}; valid fields: {', '.join(FIELDS)}")
 
-    has_cmd, has_train = "command" in data, "train" in data
-    if has_cmd == has_train:
+    given = [k for k in KINDS if k in data]
+    if len(given) != 1:
         raise ConfigError(
-            'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]) and train (a table)'
+            'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]), train (a table of'
+            f" deskpod train settings) and serve (a table with run = PATH); got {' and '.join(given) or 'none'}"
         )
+    has_cmd = given == ["command"]
     command: tuple[str, ...] = ()
     train: dict[str, Any] | None = None
-    if has_cmd:
+    serve: dict[str, Any] | None = None
+    if given == ["serve"]:
+        serve = _serve(data["serve"])
+    elif has_cmd:
         cmd = data["command"]
         if (
             not isinstance(cmd, list)
@@ -161,7 +189,10 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         except (TypeError, ValueError) as e:
             raise _bad("train", t, f"it must be writable as TOML (no nulls): {e}") from e
 
-    fallback = "train" if train is not None else _name_from_argv(command, default_name)
+    if serve is not None:
+        fallback = f"serve-{serve['model']}"[:64]
+    else:
+        fallback = "train" if train is not None else _name_from_argv(command, default_name)
     name = data.get("name", fallback)
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise _bad(
@@ -207,6 +238,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         name=name,
         command=command,
         train=train,
+        serve=serve,
         devices=_devices(data.get("devices", 1), device_count),
         placement=placement,
         priority=_int(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
@@ -215,6 +247,32 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         env=dict(env),
         workdir=workdir,
     )
+
+
+def _serve(t: object) -> dict[str, Any]:
+    """The ``[serve]`` table, checked, with its defaults filled in."""
+    if not isinstance(t, Mapping):
+        raise _bad("serve", t, 'expected a table with run = "/abs/path/runs/NAME"')
+    unknown = sorted(str(k) for k in t if k not in SERVE_FIELDS)
+    if unknown:
+        raise ConfigError(f"job spec: unknown field serve.{unknown[0]}; valid: {', '.join(SERVE_FIELDS)}")
+    run = t.get("run")
+    if not isinstance(run, str) or not run.startswith("/") or "\0" in run or len(run) > 4096:
+        raise _bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')
+    model = t.get("model", re.sub(r"[^A-Za-z0-9._-]", "-", Path(run).name).strip(".-_") or "model")
+    if not isinstance(model, str) or not NAME_RE.match(model):
+        raise _bad("serve.model", model, "use 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit")
+    fmt = t.get("format", "onnx")
+    if fmt not in SERVE_FORMATS:
+        raise _bad("serve.format", fmt, f"use one of {', '.join(SERVE_FORMATS)}")
+    return {
+        "run": run,
+        "model": model,
+        "format": fmt,
+        "max_batch_size": _int(t, "max_batch_size", 32, 1, 4096, "serve."),
+        "max_queue_delay_us": _int(t, "max_queue_delay_us", 2000, 0, 10_000_000, "serve."),
+        "instances": _int(t, "instances", 1, 1, 64, "serve."),
+    }
 
 
 def _name_from_argv(command: tuple[str, ...], default: str) -> str:
@@ -248,7 +306,20 @@ SPEC_SCHEMA: dict[str, Any] = {
     "properties": {
         "name": {"type": "string", "pattern": NAME_RE.pattern},
         "command": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_ARGS},
-        "train": {"type": "object"},
+        "train": {"type": "object", "description": "deskpod train settings (the fields of its config file)"},
+        "serve": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["run"],
+            "properties": {
+                "run": {"type": "string", "description": "absolute path of a run folder with checkpoints"},
+                "model": {"type": "string", "pattern": NAME_RE.pattern},
+                "format": {"type": "string", "enum": list(SERVE_FORMATS)},
+                "max_batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
+                "max_queue_delay_us": {"type": "integer", "minimum": 0, "maximum": 10_000_000},
+                "instances": {"type": "integer", "minimum": 1, "maximum": 64},
+            },
+        },
         "devices": {
             "oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}]
         },

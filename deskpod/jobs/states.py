@@ -4,19 +4,21 @@
 
     queued ──> starting ──> running ──> succeeded
       │  ^        │            │ ├────> failed ────┐
-      │  │        │            │ ├────> cancelled  │ retries left: back to queued
+      │  │        │            │ ├────> cancelled ─┤ requeued by a user (cancelled, failed, lost)
       │  │        │            │ ├────> preempted ─┤ always back to queued (resumes)
-      │  │        │            │ └────> lost ──────┘ (daemon found its process gone)
-      │  └────────┴────────────┴──────────────────────┘
+      │  │        │            │ └────> lost ──────┤ retries left, or requeued (daemon found its process gone)
+      │  └────────┴────────────┴───────────────────┘
       └──> cancelled
 
 - ``queued``: waiting for devices; ``reason`` says why (the placement's why-not, or the job ahead).
 - ``starting``: devices chosen, the process is being spawned. A daemon that dies here leaves the job in
   ``starting``; recovery adopts the process if it lives, else sends the job back to ``queued``.
 - ``running``: the process lives (tracked by pid and process start time).
-- ``succeeded``/``cancelled``: final. ``failed``/``lost``: final once the job's retries are used up.
-- ``preempted``: stopped for a higher-priority job; it goes back to ``queued`` at once (without using a
-  retry), and a ``train`` job resumes from its checkpoint.
+- ``succeeded``: final. ``cancelled``: final unless a user requeues it. ``failed``/``lost``: final once
+  the job's retries are used up, unless a user requeues it (with its retries counted afresh).
+- ``preempted``: stopped to run again — for a higher-priority job, by ``deskpod down --stop-jobs``, or
+  by a user's requeue of a running job; it goes back to ``queued`` at once (without using a retry),
+  and a ``train`` job resumes from its checkpoint.
 - ``lost``: the daemon restarted and the job's process was gone without leaving an exit code.
 
 `check` is the only gate: the store refuses any transition not listed in `TRANSITIONS`.
@@ -53,12 +55,15 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     S.FAILED: frozenset({S.QUEUED}),
     S.LOST: frozenset({S.QUEUED}),
     S.SUCCEEDED: frozenset(),
-    S.CANCELLED: frozenset(),
+    S.CANCELLED: frozenset({S.QUEUED}),
 }
 """Every allowed move; a state missing from a set cannot follow the key."""
 
 FINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.LOST})
-"""States a job may end in (failed and lost only once no retry is left)."""
+"""States a job may end in (failed and lost only once no retry is left); all but succeeded may be requeued."""
+
+REQUEUABLE = frozenset({S.CANCELLED, S.FAILED, S.LOST})
+"""Ended states a user may send back to the queue (a running job is stopped and requeued instead)."""
 
 
 class TransitionError(RuntimeError):

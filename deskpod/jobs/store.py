@@ -7,6 +7,8 @@ possibly the last commits on a power cut.
 
 One connection, one lock: the API threads and the daemon's loop take turns, which keeps every
 read-check-write (a state transition, a submission) atomic without SQLite's busy retries.
+``version`` counts committed writes, so a reader in the same process (the dashboard's live pages)
+can tell that nothing changed without taking the lock.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
 CREATE TABLE IF NOT EXISTS events(
     job INTEGER NOT NULL, at REAL NOT NULL, old TEXT, new TEXT NOT NULL, note TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job);
+CREATE TABLE IF NOT EXISTS sessions(
+    hash TEXT PRIMARY KEY, user TEXT NOT NULL REFERENCES users(name), csrf TEXT NOT NULL,
+    created REAL NOT NULL, expires REAL NOT NULL);
 """
 
 MUTABLE = frozenset(
@@ -151,6 +156,8 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        self.version = 0
+        """Committed write transactions so far (in this process)."""
 
     def close(self) -> None:
         with self._lock:
@@ -166,6 +173,7 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            self.version += 1
 
     # users and tokens --------------------------------------------------------------------------
     def add_user(self, name: str, admin: bool) -> bool:
@@ -195,6 +203,27 @@ class Store:
             ).fetchone()
         return None if r is None else User(r["name"], bool(r["admin"]))
 
+    # browser sessions (the dashboard) ----------------------------------------------------------
+    def add_session(self, session_hash: str, user: str, csrf: str, now: float, expires: float) -> None:
+        """Record a signed-in browser; expired sessions are swept on the way."""
+        with self._tx() as db:
+            db.execute("DELETE FROM sessions WHERE expires <= ?", (now,))
+            db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", (session_hash, user, csrf, now, expires))
+
+    def session(self, session_hash: str, now: float) -> tuple[User, str] | None:
+        """(user, CSRF token) of a live session, or None when unknown or expired."""
+        with self._lock:
+            r = self._db.execute(
+                "SELECT u.name, u.admin, s.csrf FROM sessions s JOIN users u ON u.name = s.user"
+                " WHERE s.hash = ? AND s.expires > ?",
+                (session_hash, now),
+            ).fetchone()
+        return None if r is None else (User(r["name"], bool(r["admin"])), str(r["csrf"]))
+
+    def end_session(self, session_hash: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM sessions WHERE hash = ?", (session_hash,))
+
     # jobs --------------------------------------------------------------------------------------
     def submit(self, user: str, spec: JobSpec, devices: int, now: float) -> JobRecord:
         """Record a new queued job; the row is committed before this returns."""
@@ -216,23 +245,48 @@ class Store:
         return None if row is None else _record(row)
 
     def jobs(
-        self, *, user: str | None = None, states: Iterable[JobState] | None = None, limit: int = 1000
+        self,
+        *,
+        user: str | None = None,
+        states: Iterable[JobState] | None = None,
+        name: str | None = None,
+        before: int | None = None,
+        limit: int = 1000,
     ) -> list[JobRecord]:
-        """Jobs, newest first, optionally of one user and in some states."""
-        sql = "SELECT * FROM jobs WHERE 1=1"
-        args: list[Any] = []
+        """Jobs, newest first, optionally of one user, in some states, with ``name`` in their name, and
+        older than job ``before`` (keyset paging: the next page starts below the last id shown)."""
+        where, args = self._filter(user, states, name)
+        if before is not None:
+            where += " AND id < ?"
+            args.append(before)
+        args.append(limit)
+        with self._lock:
+            rows = self._db.execute(f"SELECT * FROM jobs WHERE {where} ORDER BY id DESC LIMIT ?", args).fetchall()
+        return [_record(r) for r in rows]
+
+    def count(
+        self, *, user: str | None = None, states: Iterable[JobState] | None = None, name: str | None = None
+    ) -> int:
+        """How many jobs `jobs` would list with these filters and no limit."""
+        where, args = self._filter(user, states, name)
+        with self._lock:
+            return int(self._db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0])
+
+    @staticmethod
+    def _filter(user: str | None, states: Iterable[JobState] | None, name: str | None) -> tuple[str, list[Any]]:
+        where, args = "1=1", []
         if user is not None:
-            sql += " AND user = ?"
+            where += " AND user = ?"
             args.append(user)
         if states is not None:
             wanted = [s.value for s in states]
-            sql += f" AND state IN ({','.join('?' * len(wanted))})"
+            where += f" AND state IN ({','.join('?' * len(wanted))})"
             args.extend(wanted)
-        sql += " ORDER BY id DESC LIMIT ?"
-        args.append(limit)
-        with self._lock:
-            rows = self._db.execute(sql, args).fetchall()
-        return [_record(r) for r in rows]
+        if name:
+            escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where += " AND name LIKE ? ESCAPE '\\'"
+            args.append(f"%{escaped}%")
+        return where, args
 
     def transition(
         self, job_id: int, new: JobState, note: str, *, expect: Iterable[JobState] | None = None, **fields: Any

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from deskpod.errors import AuthError, ConfigError, NotFoundError, UsageError
+from deskpod.errors import AuthError, ConflictError, NotFoundError, UsageError
 from deskpod.jobs.client import PodClient, read_token
 from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for, wait_state
 
@@ -129,7 +129,7 @@ def test_users_see_and_act_on_their_own_jobs_only(shared_pod: Pod, tmp_path: Pat
     admin = shared_pod.client()
     alice = shared_pod.client(admin.add_user("alice")["token"])
     bob = shared_pod.client(admin.add_user("bob")["token"])
-    with pytest.raises(ConfigError, match="exists already"):
+    with pytest.raises(ConflictError, match="exists already"):
         admin.add_user("alice")
     assert alice.whoami() == {"name": "alice", "admin": False}
     job = alice.submit({"command": ["sleep", "30"], "name": "alices"})

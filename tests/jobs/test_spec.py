@@ -8,7 +8,7 @@ import pytest
 
 from deskpod.errors import ConfigError
 from deskpod.jobs.spec import load_spec_file, parse_spec
-from deskpod.jobs.states import FINAL, TRANSITIONS, JobState, TransitionError, check
+from deskpod.jobs.states import FINAL, REQUEUABLE, TRANSITIONS, JobState, TransitionError, check
 
 
 def test_a_full_spec_parses_and_all_resolves() -> None:
@@ -21,6 +21,14 @@ def test_a_full_spec_parses_and_all_resolves() -> None:
     assert parse_spec({"command": ["/bin/sleep", "1"]}).name == "sleep"
     assert parse_spec({"command": ["python", "train.py"]}).name == "train.py"
     assert parse_spec({"train": {"model": "mlp"}}).kind == "train"
+
+
+def test_a_serve_spec_gets_its_defaults_and_round_trips() -> None:
+    spec = parse_spec({"serve": {"run": "/srv/runs/my run"}})
+    assert spec.kind == "serve" and spec.name == "serve-my-run"
+    assert spec.serve == {"run": "/srv/runs/my run", "model": "my-run", "format": "onnx", "max_batch_size": 32,
+                          "max_queue_delay_us": 2000, "instances": 1}  # fmt: skip
+    assert parse_spec(spec.to_json()) == spec
 
 
 BAD = [
@@ -55,6 +63,15 @@ BAD = [
     ({"command": ["x"], "env": ["A=1"]}, "env"),
     ({"command": ["x"], "workdir": "relative/dir"}, "workdir"),
     ({"train": "mlp"}, "train"),
+    ({"train": {}, "serve": {"run": "/r"}}, "got train and serve"),
+    ({"serve": "/r"}, "serve"),
+    ({"serve": {}}, "serve.run"),
+    ({"serve": {"run": "runs/x"}}, "serve.run"),
+    ({"serve": {"run": "/r", "port": 80}}, "unknown field serve.port"),
+    ({"serve": {"run": "/r", "model": "a b"}}, "serve.model"),
+    ({"serve": {"run": "/r", "format": "tensorrt"}}, "serve.format"),
+    ({"serve": {"run": "/r", "max_batch_size": 0}}, "serve.max_batch_size"),
+    ({"serve": {"run": "/r", "instances": 1000}}, "serve.instances"),
 ]
 
 
@@ -81,8 +98,9 @@ def test_state_table() -> None:
     check(JobState.QUEUED, JobState.STARTING)
     check(JobState.RUNNING, JobState.PREEMPTED)
     check(JobState.PREEMPTED, JobState.QUEUED)
-    for final in (JobState.SUCCEEDED, JobState.CANCELLED):
-        assert TRANSITIONS[final] == frozenset()
+    assert TRANSITIONS[JobState.SUCCEEDED] == frozenset()
+    for ended in REQUEUABLE:  # a user may send these back to the queue, and nowhere else
+        assert TRANSITIONS[ended] == frozenset({JobState.QUEUED})
     with pytest.raises(TransitionError, match="queued -> running"):
         check(JobState.QUEUED, JobState.RUNNING)
     with pytest.raises(TransitionError):
