@@ -1,9 +1,30 @@
-"""``deskpod serve REPO``: serve a model repository over the KServe/Triton v2 protocol (HTTP)."""
+"""``deskpod serve REPO``: serve a model repository over the KServe/Triton v2 protocol (HTTP).
+
+``--export RUN`` first exports a training run's latest checkpoint into REPO (as a new version of model
+``--name``), unless the model's latest version already came from that very checkpoint file: each exported
+version records its source in ``source.json`` (checkpoint path, step, size, mtime; the export options), so a
+restarted serve job does not export again. ``--port-file PATH`` writes where the server listens, atomically,
+once it listens and again when its models are loaded (``"ready": true``); the pod's ``[serve]`` jobs use both::
+
+    deskpod serve JOB/models --export RUN --name my-run --port 0 --port-file JOB/serve.json
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 from pathlib import Path
+from typing import Any
+
+FORMATS = ("onnx", "torch")
+"""``--format`` choices; the first is the default."""
+EXPORT_DEFAULTS = {"max_batch_size": 32, "max_queue_delay_us": 2000, "instances": 1}
+"""What ``--export`` uses for a flag that is not given (the same defaults as ``deskpod export``)."""
+OPTION_KEYS = ("format", "max_batch_size", "max_queue_delay_us", "instances", "threads")
+SOURCE_FILE = "source.json"
+"""Beside each exported version: the checkpoint it came from and the options it was exported with."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -16,6 +37,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--loop", default="auto", choices=["auto", "uvloop", "asyncio"], help="event loop (auto: uvloop when installed)"
     )
+    p.add_argument(
+        "--port-file", type=Path, default=None, metavar="PATH",
+        help='write {"url", "pid", "models", "ready"} to PATH (atomically) once listening, and again when ready',
+    )  # fmt: skip
+    g = p.add_argument_group("export a run first (--export RUN; the other options only with it)")
+    g.add_argument(
+        "--export", type=Path, default=None, metavar="RUN",
+        help="export RUN's latest checkpoint into REPO before serving (skipped if its latest version came from it)",
+    )  # fmt: skip
+    g.add_argument("--name", default=None, help="model name in REPO (default: the run's folder name)")
+    g.add_argument("--format", default=None, choices=FORMATS, help="onnx (default) or torch")
+    g.add_argument("--max-batch-size", type=int, default=None, help="largest batch the batcher forms (default 32)")
+    g.add_argument("--max-queue-delay-us", type=int, default=None, help="longest wait for a batch (default 2000)")
+    g.add_argument("--instances", type=int, default=None, help="model copies executing concurrently (default 1)")
     p.set_defaults(func=run)
 
 
@@ -34,7 +69,19 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         models=None if args.models is None else tuple(m for m in args.models.split(",") if m),
         max_body_bytes=args.max_body_mb << 20,
+        port_file=args.port_file,
     )
+    if args.port_file is not None:
+        args.port_file.unlink(missing_ok=True)  # a previous attempt's file must not say "ready" for this one
+    if args.export is not None:
+        version, exported = export_if_new(args.export, export_options(args))
+        what = "exported" if exported else "already exported (same checkpoint)"
+        print(f"deskpod serve: {args.export} {what}: {version}", flush=True)
+    else:
+        given = [f for f in ("name", "format", "max_batch_size", "max_queue_delay_us", "instances")
+                 if getattr(args, f) is not None]  # fmt: skip
+        if given:
+            raise UsageError(f"--{given[0].replace('_', '-')} goes with --export RUN (it sets how RUN is exported)")
     model_names(config.repo)  # a missing repository is bad input: say so before binding
     if args.loop != "asyncio":
         try:
@@ -43,10 +90,77 @@ def run(args: argparse.Namespace) -> int:
             if args.loop == "uvloop":
                 raise UsageError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
         else:
-            uvloop.run(serve(config))
-            return 0
-    asyncio.run(serve(config))
-    return 0
+            return 128 + uvloop.run(serve(config))
+    return 128 + asyncio.run(serve(config))  # stopped by a signal: 143 for SIGTERM, like a stopped training
+
+
+def export_options(args: argparse.Namespace) -> Any:
+    """The `ExportOptions` of ``--export``: flags, else `EXPORT_DEFAULTS`; a bad name is refused here."""
+    from deskpod.environment import Environment
+    from deskpod.errors import UsageError
+    from deskpod.jobs.spec import NAME_RE
+    from deskpod.serve.export import ExportOptions
+
+    run_dir: Path = args.export
+    name = args.name
+    if name is None:
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", run_dir.resolve().name).strip(".-_")
+    if not NAME_RE.match(name or ""):
+        raise UsageError(f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit")
+    numbers = {}
+    for key, low in (("max_batch_size", 1), ("max_queue_delay_us", 0), ("instances", 1)):
+        value = EXPORT_DEFAULTS[key] if getattr(args, key) is None else int(getattr(args, key))
+        if value < low:
+            raise UsageError(f"--{key.replace('_', '-')} {value}: must be at least {low}")
+        numbers[key] = value
+    slots = Environment.read().cpu_slots  # a pod job on CPU slots: as many threads as slots it holds
+    return ExportOptions(
+        repo=args.repo, name=name, format=args.format or FORMATS[0], threads=len(slots) if slots else 0, **numbers
+    )
+
+
+def export_if_new(run: Path, options: Any) -> tuple[Path, bool]:
+    """Export ``run``'s latest checkpoint as a new version of ``options.name``, unless the model's latest version
+    came from the same checkpoint file with the same options; returns (the version folder, whether it exported)."""
+    from deskpod.errors import UsageError
+    from deskpod.serve.export import export_run
+    from deskpod.serve.repository import versions
+    from deskpod.train.runs import checkpoint_step, list_checkpoints
+
+    if not run.is_dir():
+        raise UsageError(f"--export {run}: no such run folder")
+    found = list_checkpoints(run)
+    if not found:
+        raise UsageError(f"--export {run}: the run has no checkpoint yet; train it first (or wait for one)")
+    latest = found[-1].resolve()
+    st = latest.stat()
+    source = {
+        "run": str(run.resolve()),
+        "checkpoint": str(latest),
+        "step": checkpoint_step(latest),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "options": {k: getattr(options, k) for k in OPTION_KEYS},
+    }
+    model_dir = options.repo / options.name
+    have = versions(model_dir) if model_dir.is_dir() else []
+    if have:
+        last = model_dir / str(have[-1])
+        if _read_source(last) == source:
+            return last, False
+    version = export_run(run, options)
+    tmp = version / f".{SOURCE_FILE}.tmp"
+    tmp.write_text(json.dumps(source, indent=1) + "\n")
+    os.replace(tmp, version / SOURCE_FILE)
+    return version, True
+
+
+def _read_source(version: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads((version / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import time
@@ -63,6 +64,8 @@ class ServeConfig:
     """Connections beyond this are answered 503 and closed."""
     idle_timeout_s: float = 60.0
     """A connection with no request in flight and no bytes for this long is closed (slow or vanished clients)."""
+    port_file: Path | None = None
+    """Where to write ``{"url", "pid", "models", "ready"}`` (atomically) once listening, when ready and on stop."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -391,14 +394,42 @@ class HttpConnection(asyncio.Protocol):
         self.respond_json(status, {"error": str(e) or type(e).__name__})
 
 
-async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None) -> None:
-    """Run the server until SIGINT/SIGTERM: listen first (live), load the models, then report ready."""
+def write_port_file(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` as JSON to ``path`` atomically (a temporary file renamed over it): a reader never sees half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc) + "\n")
+    os.replace(tmp, path)
+
+
+def port_doc(host: str, port: int, registry: ModelRegistry, *, ready: bool, stopped: bool = False) -> dict[str, Any]:
+    """What the port file says: the URL to call (loopback for a wildcard bind), this pid, the models ready,
+    those that failed (name -> reason), and whether loading is over."""
+    rows = registry.index()
+    near = "127.0.0.1" if host in ("", "0.0.0.0", "::") else f"[{host}]" if ":" in host else host
+    doc: dict[str, Any] = {
+        "url": f"http://{near}:{port}",
+        "pid": os.getpid(),
+        "models": sorted({r["name"] for r in rows if r["state"] == "READY"}),
+        "unavailable": {r["name"]: r["reason"] for r in rows if r["state"] == "UNAVAILABLE"} if ready else {},
+        "ready": ready,
+    }
+    if stopped:
+        doc["stopped"] = True
+    return doc
+
+
+async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM: listen first (live), load the models, then report ready.
+
+    Returns the number of the signal that stopped it (the CLI exits with 128 + it, as a stopped training does)."""
     loop = asyncio.get_running_loop()
     registry = ModelRegistry(config.repo)
     app = App(config, registry)
     server = await loop.create_server(lambda: HttpConnection(app), config.host, config.port, backlog=4096)
     port = server.sockets[0].getsockname()[1]
     print(f"deskpod serve: listening on http://{config.host}:{port}", flush=True)
+    if config.port_file is not None:
+        write_port_file(config.port_file, port_doc(config.host, port, registry, ready=False))
     if started is not None:
         started.set_result(port)
     await registry.load_all(list(config.models) if config.models is not None else None)
@@ -408,6 +439,8 @@ async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None)
             flush=True,
         )
     app.ready = True
+    if config.port_file is not None:
+        write_port_file(config.port_file, port_doc(config.host, port, registry, ready=True))
 
     def sweep() -> None:
         app.close_idle(time.monotonic())
@@ -416,8 +449,17 @@ async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None)
     sweep()
     print("deskpod serve: ready", flush=True)
     stop = asyncio.Event()
+    stopped_by: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        stopped_by.append(sig)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, int(sig))
     await stop.wait()
     server.close()
+    if config.port_file is not None:  # still there, but no longer serving: say so before unloading
+        write_port_file(config.port_file, port_doc(config.host, port, registry, ready=False, stopped=True))
     await registry.close()
+    return stopped_by[0]
