@@ -7,13 +7,14 @@ BIN    := $(VENV)/bin
 # The dev/CI install pins these two (they lie on local disk on our build machines); pyproject.toml declares ranges.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint typecheck unit data install bench clean
+.PHONY: demo test lint typecheck unit data browser install bench clean
 
 demo: install data
 	$(BIN)/deskpod train
 
-test: install data lint typecheck unit
+test: install data browser lint typecheck unit
 
 install: $(VENV)/.installed
 
@@ -35,6 +36,17 @@ data:
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null \
 	      || echo "could not install dataset-fashion-mnist; deskpod will say how to get it"; \
 	  else echo "no apt-get: see README for how to get Fashion-MNIST"; fi; \
+	fi
+
+# The dashboard's end-to-end tests drive Debian's Chromium with Playwright (no browser download).
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	    echo "installing Chromium (Debian package chromium) for the dashboard's browser tests"; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null \
+	      || echo "could not install chromium; the browser tests will say so"; \
+	  else echo "no apt-get: install Chromium at $(CHROMIUM) for the browser tests"; fi; \
 	fi
 
 lint: install

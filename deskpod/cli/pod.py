@@ -1,4 +1,4 @@
-"""The pod service commands: ``up``, ``down``, ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``status``, ``user``.
+"""The pod service commands: ``up``, ``down``, ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``requeue``, ``status``, ``user``.
 
 ``deskpod up`` runs the service (in the foreground, or ``--detach``); every other command is a thin
 call through `deskpod.jobs.client`. A refused request prints the service's one-line reason and
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--no-preemption", action="store_true", help="never stop lower-priority jobs for higher ones")
     p.add_argument("--machine", help="schedule as if this box were a catalog machine (see `deskpod topo --list`)")
     p.add_argument("--detach", action="store_true", help="run in the background; its output goes to HOME/daemon.log")
+    p.add_argument("--no-dashboard", action="store_true", help="serve only the REST API, not the web dashboard (/ui/)")
     p.set_defaults(func=up)
 
     p = sub.add_parser("down", help="stop the pod service (running jobs keep running unless --stop-jobs)")
@@ -46,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = sub.add_parser("jobs", help="list your jobs (every job for an admin)")
     p.add_argument("--state", help="only jobs in this state")
+    p.add_argument("--user", help="only this user's jobs (admins)")
+    p.add_argument("--name", help="only jobs whose name contains this")
+    p.add_argument("--limit", type=int, default=1000, help="at most this many, newest first (default 1000)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=jobs)
 
@@ -62,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("cancel", help="cancel a queued job or stop a running one")
     p.add_argument("id")
     p.set_defaults(func=cancel)
+
+    p = sub.add_parser("requeue", help="run a cancelled, failed or lost job again (a running one is stopped first)")
+    p.add_argument("id")
+    p.set_defaults(func=requeue)
 
     p = sub.add_parser("status", help="each device: free, or which job and user holds it")
     p.add_argument("--json", action="store_true")
@@ -109,7 +117,12 @@ def up(args: argparse.Namespace) -> int:
         return _detach(args, home)
     from deskpod.jobs.daemon import serve
 
-    return serve(config, env)
+    extensions = []
+    if not args.no_dashboard:
+        from deskpod.web import dashboard
+
+        extensions.append(dashboard)
+    return serve(config, env, extensions=extensions)
 
 
 def _detach(args: argparse.Namespace, home: Path) -> int:
@@ -121,6 +134,7 @@ def _detach(args: argparse.Namespace, home: Path) -> int:
     argv = [sys.executable, "-m", "deskpod", "up", "--host", args.host, "--port", str(args.port), "--home", str(home)]
     argv += ["--grace", str(args.grace)] + (["--no-preemption"] if args.no_preemption else [])
     argv += ["--machine", args.machine] if args.machine else []
+    argv += ["--no-dashboard"] if args.no_dashboard else []
     info = home / "daemon.json"
     info.unlink(missing_ok=True)
     with open(home / "daemon.log", "ab") as log:
@@ -207,7 +221,7 @@ def _age(t: float | None) -> str:
 
 def jobs(args: argparse.Namespace) -> int:
     with _client() as c:
-        rows = c.jobs(state=args.state)
+        rows = c.jobs(state=args.state, limit=args.limit, user=args.user, name=args.name)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -257,6 +271,14 @@ def cancel(args: argparse.Namespace) -> int:
     with _client() as c:
         job = c.cancel(args.id)
     extra = f" ({job['reason']})" if job["state"] != "cancelled" and job["reason"] else ""
+    print(f"job {job['id']}: {job['state']}{extra}")
+    return 0
+
+
+def requeue(args: argparse.Namespace) -> int:
+    with _client() as c:
+        job = c.requeue(args.id)
+    extra = f" ({job['reason']})" if job["reason"] else ""
     print(f"job {job['id']}: {job['state']}{extra}")
     return 0
 

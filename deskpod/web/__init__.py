@@ -1,0 +1,31 @@
+"""The dashboard: the pod service's web pages, served by the daemon itself under ``/ui/``.
+
+What DIGITS' "three buttons" were — pick data, pick a network, train, watch, try the model — on the
+pod service: same process, same port, same store, same users. Pages are server-rendered Jinja2
+templates (``templates/``) with a little JavaScript of our own (``static/``); nothing is fetched from
+the internet. Every page has a JSON twin (the same path with ``.json``) holding the data it shows.
+
+::
+
+    /ui/login             sign in with a token; an HttpOnly, SameSite=Strict session cookie
+    /ui/                  the pod: devices (who holds them, live use), topology, queue counts
+    /ui/jobs              queue and history, filtered and paged on the server
+    /ui/jobs/<id>         one job: live charts (SSE), logs and search, checkpoints, config, stacks
+    /ui/new               new training in three steps: dataset, network, train
+    /ui/compare?jobs=a,b  curves of several runs overlaid, and how their configs differ
+    /ui/models            deployed models; deploy a run, try it on an image
+
+`dashboard` is the extension ``deskpod up`` hands the daemon (`deskpod.jobs.daemon.serve`); the
+rest of deskpod never imports this package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def dashboard(app: Any, pod: Any) -> None:
+    """Mount the dashboard on the pod service's app (an extension for `deskpod.jobs.api.create_app`)."""
+    from deskpod.web.app import mount
+
+    mount(app, pod)

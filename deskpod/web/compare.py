@@ -1,0 +1,157 @@
+"""The Compare page: several runs' curves overlaid, how their configs differ, and their final metrics.
+
+``/ui/compare?jobs=3,5,9`` (twin: ``/ui/compare.json?jobs=...``) is a URL to share: the form's
+checkboxes submit ``jobs=3&jobs=5``, which is redirected to the comma form. Each chart of the Job
+page becomes one chart here with a line per run (one colour per run, the legend naming job and
+run); the config table lists the keys whose values differ across the runs first (highlighted), the
+ones they share folded below. A job the viewer may not see is a 404, as everywhere; an id that is
+not a number, or a job that is not a training, is a 400 with a message saying which.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
+
+from deskpod.errors import ConfigError
+from deskpod.jobs.store import JobRecord
+from deskpod.train.runs import RunPaths
+from deskpod.web import render, stream
+from deskpod.web.jobpage import display, read_summary, resolved_config
+from deskpod.web.session import Viewer, viewer
+
+Signed = Annotated[Viewer, Depends(viewer)]
+
+MAX_RUNS = 8
+COLORS = 6
+"""Series colours in the stylesheet (``--s1`` .. ``--s6``); a 7th run reuses the first."""
+PICKER_JOBS = 100
+FINAL_KEYS = (
+    ("state", "run"),
+    ("steps", "steps"),
+    ("test_accuracy", "test accuracy"),
+    ("test_loss", "test loss"),
+    ("throughput_images_per_s", "images/s"),
+    ("train_time_s", "train time (s)"),
+    ("wall_time_s", "wall time (s)"),
+    ("data_wait_fraction", "data wait"),
+    ("restarts", "restarts"),
+)
+"""What the final-metrics table shows from each run's ``summary.json``."""
+
+
+def parse_ids(text: str) -> list[str]:
+    """``"3,5, 9"`` -> ``["3", "5", "9"]`` (duplicates dropped); `ConfigError` naming a bad entry."""
+    ids: list[str] = []
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        if not part.isdigit() or len(part) > 18:
+            raise ConfigError(
+                f"jobs={text!r}: {part!r} is not a job id; give job numbers separated by commas, e.g. jobs=3,5"
+            )
+        if part not in ids:
+            ids.append(part)
+    if len(ids) > MAX_RUNS:
+        raise ConfigError(f"jobs={text!r}: {len(ids)} runs; compare at most {MAX_RUNS} at once")
+    return ids
+
+
+def _run(web: Any, job: JobRecord, i: int) -> dict[str, Any]:
+    run = web.run_dir(job)
+    config = resolved_config(web, job) or {"source": "", "values": {}}
+    summary = read_summary(run) or {}
+    series = web.series.get(RunPaths(run).metrics) if run is not None else None
+    last = {
+        "loss": None if series is None else series.last("train", "loss"),
+        "val_accuracy": None if series is None else series.last("val", "val_accuracy"),
+        "step": None if series is None else series.last("train", "step"),
+    }
+    return {
+        "id": str(job.id),
+        "name": job.name,
+        "user": job.user,
+        "state": job.state.value,
+        "label": f"job {job.id} · {job.name}",
+        "color": f"--s{i % COLORS + 1}",
+        "run": None if run is None else str(run),
+        "config_source": config["source"],
+        "config": config["values"],
+        "summary": {k: summary.get(k) for k, _ in FINAL_KEYS},
+        "last": last,
+        "_series": series,
+    }
+
+
+def config_diff(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Keys whose values differ across the runs (a key one run lacks differs), and the keys they share."""
+    keys = sorted(set().union(*(r["config"] for r in runs))) if runs else []
+    differ, same = [], []
+    missing = object()
+    for k in keys:
+        values = [r["config"].get(k, missing) for r in runs]
+        shown = [None if v is missing else display(v) for v in values]
+        if all(v is not missing for v in values) and all(v == values[0] for v in values[1:]):
+            same.append({"key": k, "value": shown[0]})
+        else:
+            differ.append({"key": k, "values": shown})
+    return {"differ": differ, "same": same}
+
+
+def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any], int]:
+    """The Compare page's data and its HTTP status (400 with ``error`` for a bad id list)."""
+    owner = who.owner_filter()
+    picker = [
+        {"id": str(j.id), "name": j.name, "user": j.user, "state": j.state.value, "submitted_at": j.submitted_at}
+        for j in web.store.jobs(user=owner, limit=1000)
+        if j.spec.train is not None
+    ][:PICKER_JOBS]
+    data: dict[str, Any] = {"jobs": jobs or "", "picker": picker, "runs": [], "charts": [], "diff": None}
+    data["final_keys"] = [{"key": k, "label": label} for k, label in FINAL_KEYS]
+    if not jobs:
+        return data, 200
+    try:
+        ids = parse_ids(jobs)
+        records = [web.job(who, i) for i in ids]  # NotFoundError (404) for a foreign or unknown job
+        for j in records:
+            if j.spec.train is None:
+                raise ConfigError(f"job {j.id} ({j.name}) is a {j.spec.kind} job; only training runs can be compared")
+    except ConfigError as e:
+        data["error"] = str(e)
+        return data, 400
+    runs = [_run(web, j, i) for i, j in enumerate(records)]
+    per_run = max(200, stream.MAX_POINTS // max(1, len(runs)))
+    charts = []
+    for c in stream.CHARTS:
+        for kind, key, label in c.series:
+            title = c.title if len(c.series) == 1 else f"{c.title} ({label})"
+            lines = []
+            for r in runs:
+                s = r["_series"]
+                points = [] if s is None else s.points(kind, key, max_points=per_run)
+                lines.append({"id": r["id"], "label": r["label"], "color": r["color"], "points": points})
+            charts.append({"id": f"{c.id}-{kind}", "title": title, "unit": c.unit, "series": lines})
+    for r in runs:
+        del r["_series"]
+    data.update(runs=runs, charts=charts, diff=config_diff(runs))
+    return data, 200
+
+
+def register(app: FastAPI, web: Any) -> None:
+    @app.get("/compare.json")
+    @app.get("/compare")
+    def compare_page(request: Request, who: Signed) -> Response:
+        given = request.query_params.getlist("jobs")
+        if len(given) > 1:  # the form's checkboxes: to the shareable comma form
+            joined = ",".join(v for v in given if v)
+            path = request.url.path
+            return RedirectResponse(f"{path}?jobs={quote(joined, safe=',')}", status_code=303)
+        jobs = given[0] if given else None
+        if jobs is not None and len(jobs) > 400:
+            raise ConfigError("jobs=...: too long; compare at most 8 runs, e.g. jobs=3,5")
+        data, status = compare_view(web, who, jobs)
+        title = "Compare runs" if not data["runs"] else "Compare " + ", ".join(f"job {r['id']}" for r in data["runs"])
+        return render.page(request, "compare.html", data, who, title=title, status=status)

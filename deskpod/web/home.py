@@ -1,0 +1,191 @@
+"""The Pod page (``/ui/``, twin ``/ui/pod.json``): every device and who holds it, live use, topology, queue.
+
+Each device is free or held by a job (its id and user for everyone, as ``/v1/status`` says; its name
+and a link for its owner and admins). Live figures: per-GPU utilization and memory from NVML where
+it answers, and on every box the host's per-core utilization, memory and load average
+(`deskpod.hardware.usage`). The topology is drawn on the server (`deskpod.web.topology_svg`) beside a
+table of its facts: link rates, NVLink cliques, which NIC is nearest which devices, partitions and
+the best placement of 2, 4 and 8 devices on the empty box.
+
+``static/home.js`` polls ``/ui/pod/usage.json`` every 2 s and updates the page in place. That stays
+cheap however many dashboards are open: one `UsageSampler` per daemon reads ``/proc`` and NVML at
+most once a second for all of them, and the devices' holders are re-read from the store only when
+it changed (``store.version``), so polling never queues behind the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from deskpod.hardware.summary import describe
+from deskpod.hardware.topology import Topology
+from deskpod.hardware.usage import Usage, UsageSampler
+from deskpod.web import render
+from deskpod.web.session import ROOT, Viewer, viewer
+from deskpod.web.topology_svg import link_counts, nearest_devices, nic_groups, nvlink_total, render_svg
+
+Signed = Annotated[Viewer, Depends(viewer)]
+
+POLL_MS = 2000
+"""How often the page asks for new figures."""
+SAMPLER = "home.sampler"
+STATUS = "home.status"
+SUMMARY = "home.topology"
+
+
+def sampler(web: Any) -> UsageSampler:
+    """The daemon's one usage sampler (made on first use, shared by every page and poll)."""
+    got = web.cache.get(SAMPLER)
+    if got is None:
+        got = web.cache.setdefault(SAMPLER, UsageSampler())
+    return got  # type: ignore[no-any-return]
+
+
+def pod_status(web: Any) -> dict[str, Any]:
+    """`Pod.status` (holders and counts), re-read only when the store has changed since."""
+    version = web.store.version
+    hit = web.cache.get(STATUS)
+    if hit is not None and hit[0] == version:
+        return hit[1]  # type: ignore[no-any-return]
+    got: dict[str, Any] = web.pod.status()
+    web.cache[STATUS] = (version, got)
+    return got
+
+
+def simulated(topology: Topology | None) -> bool:
+    """True when the pod schedules as a catalog machine (``deskpod up --machine``) rather than this box."""
+    return topology is not None and topology.source.startswith("catalog:")
+
+
+def device_rows(web: Any, who: Viewer, status: dict[str, Any], usage: Usage) -> list[dict[str, Any]]:
+    """Each device: who holds it, and its live figures where NVML gives them."""
+    topo: Topology | None = web.pod.topology
+    kind = topo.kind if topo is not None else web.pod.device_kind
+    # NVML's GPUs are this box's: they are the pod's devices only when the pod schedules this box's GPUs.
+    live = {g.index: g for g in usage.gpus} if kind == "cuda" and not simulated(topo) else {}
+    rows = []
+    for d in status["devices"]:
+        i = int(d["index"])
+        info = topo.devices[i] if topo is not None and i < topo.device_count else None
+        mine = d["job"] is not None and (who.user.admin or d["user"] == who.user.name)
+        g = live.get(i)
+        model = info.model if info is not None and info.model != "cpu" else ""
+        rows.append(
+            {
+                "index": i,
+                "kind": kind,
+                "label": info.label if info is not None else f"{kind}:{i}",
+                "name": (g.name if g is not None else model) or ("CPU worker slot" if kind == "cpu" else "GPU"),
+                "job": d["job"],
+                "user": d["user"],
+                "job_name": d["name"] if mine else None,
+                "can_open": mine,
+                "utilization": None if g is None else g.utilization,
+                "memory_used": None if g is None else g.memory_used,
+                "memory_total": None if g is None else g.memory_total,
+            }
+        )
+    return rows
+
+
+def counts(status: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, int]:
+    free = sum(1 for d in devices if d["job"] is None)
+    return {"queued": status["queued"], "running": status["running"], "devices": len(devices), "free": free}
+
+
+def topology_summary(web: Any, topology: Topology) -> dict[str, Any]:
+    """The facts table's data (``describe`` without the pair matrix), computed once per topology."""
+    hit = web.cache.get(SUMMARY)
+    if hit is not None and hit[0] is topology:
+        return hit[1]  # type: ignore[no-any-return]
+    info = describe(topology)
+    groups, far = nic_groups(topology)
+    wired = {nic.name for _, nics in groups for nic in nics}
+    nics = []
+    for nic in topology.nics:
+        near = nearest_devices(topology, nic)
+        nics.append(
+            {
+                "name": nic.name,
+                "gbps": nic.gbps,
+                "nearest": near,
+                "nearest_labels": [topology.devices[i].label for i in near],
+                "path": nic.paths[near[0]],
+                "near_gpus": nic.name in wired,
+            }
+        )
+    summary = {
+        "name": info["name"],
+        "source": info["source"],
+        "kind": info["kind"],
+        "device_count": info["device_count"],
+        "simulated": simulated(topology),
+        "models": sorted({d.model for d in topology.devices if d.model and d.model != "cpu"}),
+        "memory_gb": max((d.memory_gb for d in topology.devices), default=0.0),
+        "link_model": info["link_model"],
+        "fabric": info["fabric"],
+        "link_counts": link_counts(topology),
+        "nvlinks": nvlink_total(topology),
+        "nvlink_cliques": info["nvlink_cliques"],
+        "nics": nics,
+        "far_nics": [nic.name for nic in far],
+        "devices": [
+            {
+                k: d[k]
+                for k in (
+                    "index",
+                    "label",
+                    "model",
+                    "memory_gb",
+                    "numa_node",
+                    "cpu_affinity",
+                    "nvlinks",
+                    "nearest_nics",
+                )
+            }
+            for d in info["devices"]
+        ],
+        "partitions": info["partitions"],
+        "placements": info["placements"],
+    }
+    web.cache[SUMMARY] = (topology, summary)
+    return summary
+
+
+def usage_data(web: Any, who: Viewer) -> dict[str, Any]:
+    """What the page's script polls: live figures, the devices' holders, the queue counts."""
+    usage = sampler(web).latest()
+    status = pod_status(web)
+    devices = device_rows(web, who, status, usage)
+    return {"usage": usage.to_json(), "devices": devices, "counts": counts(status, devices)}
+
+
+def pod_data(web: Any, who: Viewer) -> dict[str, Any]:
+    """The Pod page's data (and its JSON twin)."""
+    data = usage_data(web, who)
+    topo: Topology | None = web.pod.topology
+    data["topology"] = None if topo is None else topology_summary(web, topo)
+    data["runs_on"] = web.pod.device_kind
+    return data
+
+
+def register(app: FastAPI, web: Any) -> None:
+    sampler(web)  # its first /proc/stat sample now, so the first page shows a real delta
+
+    @app.get("/pod.json")
+    @app.get("/")
+    def home_page(request: Request, who: Signed) -> Response:
+        data = pod_data(web, who)
+        extra: dict[str, Any] = {"config": {"usage_url": f"{ROOT}/pod/usage.json", "interval_ms": POLL_MS}}
+        topo: Topology | None = web.pod.topology
+        if topo is not None and not render.wants_json(request):
+            held = {d["index"]: str(d["job"]) for d in data["devices"] if d["job"] is not None}
+            extra["picture"] = render_svg(topo, held=held)
+        return render.page(request, "home.html", data, who, title="Pod", extra=extra)
+
+    @app.get("/pod/usage.json")
+    def usage(who: Signed) -> Response:
+        return JSONResponse(usage_data(web, who), headers={"Cache-Control": "no-store"})

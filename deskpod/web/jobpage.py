@@ -1,0 +1,241 @@
+"""The Job page: one job's header and buttons, live charts and log, log search, checkpoints, config,
+state history, and every rank's Python stack on request.
+
+::
+
+    GET  /ui/jobs/<id>            the page (twin: /ui/jobs/<id>.json)
+    GET  /ui/jobs/<id>/events     its live stream (Server-Sent Events, `deskpod.web.stream`)
+    GET  /ui/jobs/<id>/search     the page with search results across every log (twin: .../search.json,
+                                  which holds only the results)
+    POST /ui/jobs/<id>/stacks     "where is it now?": py-spy stacks of its processes (`deskpod.web.stacks`)
+
+The charts start from ``metrics.jsonl`` downsampled on the server (`Series.points` with at most
+`stream.MAX_POINTS` per series), so a 100,000-step run draws as fast as a short one; the stream
+then sends only what is appended. Another user's job is a 404 on every route, like a job that does
+not exist (`Web.job`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from deskpod.errors import ConfigError
+from deskpod.jobs.store import JobRecord
+from deskpod.train.runs import RunPaths, checkpoint_step, list_checkpoints
+from deskpod.web import logs, render, stacks, stream
+from deskpod.web.joblist import progress
+from deskpod.web.series import KINDS, Series
+from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+
+Signed = Annotated[Viewer, Depends(viewer)]
+
+
+def display(value: Any) -> str:
+    """A config value as text: JSON, so ``"1"`` and ``1`` look different."""
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: every leaf of a TOML table under its dotted key."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
+    """A train job's configuration: the run's resolved ``config.toml``, or what was submitted before the
+    run resolved it. ``{"source", "values": {dotted key: value}, "items": [[key, value as text]]}``, with
+    ``"error"`` for an unreadable file."""
+    if job.spec.train is None:
+        return None
+    run = web.run_dir(job)
+    path = None if run is None else RunPaths(run).config
+    if path is not None and path.is_file():
+        try:
+            with open(path, "rb") as f:
+                return _config("config.toml", flatten(tomllib.load(f)))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            return {**_config("config.toml", {}), "error": f"cannot read config.toml: {e}"}
+    return _config("the submitted spec (the run has not resolved it yet)", flatten(job.spec.train))
+
+
+def _config(source: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"source": source, "values": values, "items": [[k, display(values[k])] for k in sorted(values)]}
+
+
+def read_summary(run: Path | None) -> dict[str, Any] | None:
+    """``summary.json`` of a run that finished (None before), with non-finite numbers as None."""
+    if run is None:
+        return None
+    try:
+        data = json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+
+
+def checkpoints(run: Path, s: Series) -> list[dict[str, Any]]:
+    """The run's checkpoints, each with the train loss at its step and the latest validation at or before it."""
+    out = []
+    for p in list_checkpoints(run):
+        step = checkpoint_step(p)
+        try:
+            st = p.stat()
+        except OSError:  # deleted meanwhile (the trainer keeps the latest few)
+            continue
+        assert step is not None
+        loss = s.at("train", "loss", step)
+        acc = s.at("val", "val_accuracy", step)
+        vloss = s.at("val", "val_loss", step)
+        out.append(
+            {
+                "file": p.name,
+                "step": step,
+                "size": st.st_size,
+                "time": st.st_mtime,
+                "loss": None if loss is None else loss[1],
+                "loss_step": None if loss is None else int(loss[0]),
+                "val_accuracy": None if acc is None else acc[1],
+                "val_loss": None if vloss is None else vloss[1],
+                "val_step": None if acc is None and vloss is None else int((acc or vloss or (0, 0))[0]),
+            }
+        )
+    return out
+
+
+def job_view(web: Any, job: JobRecord, max_points: int = stream.MAX_POINTS) -> dict[str, Any]:
+    """Everything the Job page shows, and the cursor its live stream goes on from."""
+    run = web.run_dir(job)
+    folder = web.pod.job_folder(job)
+    cursor = stream.Cursor()
+    charts: list[dict[str, Any]] = []
+    ckpts: list[dict[str, Any]] = []
+    if run is not None:
+        metrics = RunPaths(run).metrics
+        try:
+            cursor.inode = os.stat(metrics).st_ino  # before reading: a file replaced meanwhile resets the stream
+        except OSError:
+            cursor.inode = 0
+        s = web.series.get(metrics)
+        cursor.rows = {k: s.rows(k) for k in KINDS}
+        points = stream.chart_points(s, cursor.rows, max_points)
+        charts = stream.chart_defs()
+        for c in charts:
+            for line in c["series"]:
+                line["points"] = points[line["id"]]
+        ckpts = checkpoints(run, s)
+    text, offset, cut = logs.tail(folder / "output.log")
+    cursor.log = offset
+    live = stream.job_state(job, web.store.events(job.id))
+    return {
+        "job": job.to_json(),
+        "live": live,
+        "run": None if run is None else str(run),
+        "progress": progress(web, job) if run is not None else None,
+        "charts": charts,
+        "cursor": cursor.encode(),
+        "events_url": f"{ROOT}/jobs/{job.id}/events",
+        "log": {"file": "output.log", "text": text, "offset": offset, "cut": cut},
+        "log_files": [f.label for f in logs.log_files(folder, run)],
+        "checkpoints": ckpts,
+        "config": resolved_config(web, job),
+        "summary": read_summary(run),
+        "search": None,
+        "stacks": None,
+    }
+
+
+def _page(request: Request, who: Viewer, job: JobRecord, data: dict[str, Any], status: int = 200) -> Response:
+    spec_text = json.dumps(data["job"]["spec"], indent=2, ensure_ascii=False)
+    return render.page(
+        request,
+        "job.html",
+        data,
+        who,
+        title=f"Job {job.id} · {job.name}",
+        status=status,
+        extra={"spec_text": spec_text},
+    )
+
+
+def run_search(web: Any, job: JobRecord, q: str, regex: bool, context: int) -> dict[str, Any]:
+    files = logs.log_files(web.pod.job_folder(job), web.run_dir(job))
+    return logs.search(files, q, regex=regex, context=context)
+
+
+def register(app: FastAPI, web: Any) -> None:
+    @app.get("/jobs/{job_id}/search")
+    @app.get("/jobs/{job_id}/search.json")
+    def search_page(
+        request: Request,
+        job_id: str,
+        who: Signed,
+        q: Annotated[str, Query(max_length=logs.MAX_QUERY)] = "",
+        regex: bool = False,
+        context: Annotated[int, Query(ge=0, le=logs.MAX_CONTEXT)] = 2,
+    ) -> Response:
+        job = web.job(who, job_id)
+        if render.wants_json(request):
+            return JSONResponse(run_search(web, job, q, regex, context))  # a bad query: {"error"} with 400
+        data = job_view(web, job)
+        status = 200
+        try:
+            data["search"] = run_search(web, job, q, regex, context)
+        except ConfigError as e:
+            data["search"] = {"error": str(e), "query": q, "regex": regex, "context": context}
+            status = 400
+        return _page(request, who, job, data, status)
+
+    @app.get("/jobs/{job_id}/events")
+    async def job_stream(request: Request, job_id: str, who: Signed, cursor: str | None = None) -> Response:
+        job = await asyncio.to_thread(web.job, who, job_id)
+        # A reconnecting EventSource sends the id of the last event it got; the page's first connect
+        # passes the cursor of the data it was rendered with.
+        resume = request.headers.get("last-event-id") or cursor
+        events = stream.job_events(web, job, stream.Cursor.parse(resume), request.is_disconnected)
+        return StreamingResponse(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Content-Type-Options": "nosniff"},
+        )
+
+    @app.post("/jobs/{job_id}/stacks")
+    async def job_stacks(request: Request, job_id: str, who: Signed) -> Response:
+        await form_csrf(request, who)
+        job = await asyncio.to_thread(web.job, who, job_id)
+        result = await stacks.stacks(job, web.run_dir(job))
+        if render.wants_json(request):
+            return JSONResponse(result)
+        data = await asyncio.to_thread(job_view, web, job)
+        data["stacks"] = result
+        return _page(request, who, job, data)
+
+    @app.get("/jobs/{job_id}")
+    @app.get("/jobs/{job_id}.json")  # registered first (decorators apply bottom-up): it must win
+    def job_page(
+        request: Request,
+        job_id: str,
+        who: Signed,
+        points: Annotated[int, Query(ge=100, le=10_000_000)] = stream.MAX_POINTS,
+    ) -> Response:
+        """``points``: how many points per series the charts start with (the server downsamples to it)."""
+        job = web.job(who, job_id)
+        data = job_view(web, job, points)
+        return _page(request, who, job, data)

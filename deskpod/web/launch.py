@@ -1,0 +1,516 @@
+"""New training: DIGITS' three steps — dataset, network, train — on the pod service.
+
+::
+
+    /ui/new                      1. dataset cards, and a field for imagefolder:PATH or synthetic:CxHxW
+    /ui/new?data=D               2. D's summary (classes, counts, sample images) and the networks, counted for D
+    /ui/new?data=D&model=M&...   3. the training form, with what the job would get before it is queued:
+                                    the placement the scheduler picks on the devices free now and its ring
+                                    bandwidth, the plan's predicted time on this box, and the same job as a
+                                    ``deskpod train --submit`` line and as an API call
+    /ui/new/preview.json?...     what step 3 shows for the values in the query (launch.js asks as fields change)
+    POST /ui/new                 queue it (303 to the job's page; 201 and the job for a JSON client)
+    /ui/datasets/samples.png?data=D[&class=I]   the sample images of a dataset (per class, or all)
+
+Every choice lives in the URL's query, so each step works without JavaScript, a link keeps the whole
+form, and sign-in after an expired session comes back to the same values. Every value is checked by
+the code that would reject it later — the trainer's `TrainConfig` (`build_config`), the device
+parser (`parse_device_spec`), the data sources (`describe`), the model registry, the job spec
+(`parse_spec`) — so a bad one gets the CLI's own one-line message, next to its field, and nothing is
+queued. The job spec is the one ``deskpod train --submit`` builds from the equivalent command line
+shown on the page: ``{"train": {model, data, epochs|steps, and the flags that differ from the
+defaults}, "devices": N | "all", "name": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qsl, urlencode
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from deskpod.errors import ConfigError, DeskpodError, UsageError
+from deskpod.web import datasets, networks, render
+from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+
+Signed = Annotated[Viewer, Depends(viewer)]
+
+TRAIN_FIELDS = ("devices", "epochs", "steps", "batch_size", "precision", "optimizer", "lr", "name")
+STATE = ("data", "model", *TRAIN_FIELDS)
+"""Everything the three steps choose: the query of every step's URL."""
+MAX_VALUE = 4096
+FLAGS = {"batch_size": "--batch-size", "precision": "--precision", "optimizer": "--optimizer", "lr": "--lr"}
+CALIBRATE_HELP = (
+    "It measures the devices' FLOP rate and memory copies, a short training and an all-reduce, a few minutes in "
+    "all, and keeps the fit with the pod's state"
+)
+
+
+def defaults() -> dict[str, str]:
+    """The form's values when nothing was chosen: the trainer's defaults."""
+    from deskpod.train.config import TrainConfig
+
+    d = TrainConfig()
+    return {"data": d.data, "model": d.model, "devices": d.devices, "epochs": str(d.epochs), "steps": "",
+            "batch_size": str(d.batch_size), "precision": d.precision, "optimizer": d.optimizer,
+            "lr": _float_text(d.lr), "name": d.name}  # fmt: skip
+
+
+def _float_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+def read_state(params: Mapping[str, str]) -> dict[str, str]:
+    """The choices in a query or a form: ``data`` and ``model`` as given, blank train fields at their default."""
+    base = defaults()
+    out = {"data": "", "model": ""}
+    for key in STATE:
+        value = str(params.get(key) or "").strip()[:MAX_VALUE]
+        out[key] = value if value or key in ("data", "model", "steps", "name") else base[key]
+    return out
+
+
+def state_query(state: Mapping[str, str], **changes: str | None) -> str:
+    """The query that rebuilds ``state`` (with ``changes``): only what differs from the defaults."""
+    base = defaults()
+    merged = {**state, **changes}
+    keep = {}
+    for key in (*STATE, "step"):
+        value = merged.get(key)
+        if value and (key in ("data", "model", "step") or value != base[key]):
+            keep[key] = value
+    return urlencode(keep)
+
+
+def href(state: Mapping[str, str], **changes: str | None) -> str:
+    return f"{ROOT}/new?{state_query(state, **changes)}"
+
+
+def step_of(state: Mapping[str, str], asked: str | None) -> int:
+    """1 without a dataset, 2 without a network, else 3; ``?step=N`` goes back to an earlier one."""
+    step = 1 if not state["data"] else 2 if not state["model"] else 3
+    if asked in ("1", "2"):
+        step = min(step, int(asked))
+    return step
+
+
+# --------------------------------------------------------------------------- checking the train fields
+def _number(raw: str, kind: type) -> int | float | str:
+    """The value as the CLI's argparse would read it; text that is no number stays text (its message comes from
+    `TrainConfig`'s coercion: ``batch_size = 'x' is not valid: use a whole number``)."""
+    try:
+        return int(raw) if kind is int else float(raw)
+    except ValueError:
+        return raw
+
+
+def check_train(
+    web: Any, state: Mapping[str, str], summary: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The train fields as typed values, and a message per bad field (the trainer's and the device parser's)."""
+    from deskpod.hardware.devices import parse_device_spec
+    from deskpod.train.config import build_config
+
+    errors: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    try:
+        indices = parse_device_spec(state["devices"], web.pod.device_count, web.pod.device_kind)
+        values["indices"] = indices
+        text = state["devices"].strip().lower()
+        values["devices"] = "all" if text in ("all", "") else len(indices)
+        values["named"] = indices if "," in text else None
+    except DeskpodError as e:
+        errors["devices"] = str(e)
+    raw: dict[str, Any] = {
+        "epochs": _number(state["epochs"], int),
+        "steps": _number(state["steps"], int) if state["steps"] else 0,
+        "batch_size": _number(state["batch_size"], int),
+        "precision": state["precision"],
+        "optimizer": state["optimizer"],
+        "lr": _number(state["lr"], float),
+        "name": state["name"],
+    }
+    for key, value in raw.items():
+        if key == "epochs" and raw["steps"] not in (0, "0"):
+            values[key] = None  # steps replace epochs, as in the trainer
+            continue
+        try:
+            build_config(None, {key: value})  # every other key at its default: only this one can be wrong
+            values[key] = value
+        except ConfigError as e:
+            errors[key] = str(e)
+    if "batch_size" in values and "indices" in values:
+        n, per_device = len(values["indices"]), values["batch_size"]
+        if per_device * n > summary["train_size"]:  # the launcher's check, before anything is queued
+            errors["batch_size"] = (
+                f"batch size {per_device} × {n} devices = {per_device * n} samples per step, more than the "
+                f"{summary['train_size']} training samples of {summary['name']}; use a smaller --batch-size"
+            )
+    return values, errors
+
+
+def job_spec(state: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, Any]:
+    """The job ``deskpod train --submit`` queues for the equivalent command line (`cli_line`)."""
+    train: dict[str, Any] = {"model": state["model"], "data": state["data"]}
+    if values["steps"]:
+        train["steps"] = values["steps"]
+    else:
+        train["epochs"] = values["epochs"]
+    for key in FLAGS:
+        if values[key] != _typed_default(key):
+            train[key] = values[key]
+    spec: dict[str, Any] = {"train": train, "devices": values["devices"]}
+    if values["name"]:
+        spec["name"] = values["name"]
+    return spec
+
+
+def _typed_default(key: str) -> Any:
+    from deskpod.train.config import TrainConfig
+
+    return getattr(TrainConfig(), key)
+
+
+def cli_line(spec: Mapping[str, Any]) -> str:
+    """``deskpod train --submit ...`` with the flags that queue exactly ``spec``."""
+    t = spec["train"]
+    argv = ["deskpod", "train", "--submit", "--model", t["model"], "--data", t["data"]]
+    argv += ["--steps", str(t["steps"])] if "steps" in t else ["--epochs", str(t["epochs"])]
+    for key, flag in FLAGS.items():
+        if key in t:
+            argv += [flag, _float_text(t[key]) if key == "lr" else str(t[key])]
+    if spec["devices"] != "all":
+        argv += ["--devices", str(spec["devices"])]
+    if "name" in spec:
+        argv += ["--name", spec["name"]]
+    return shlex.join(argv)
+
+
+def curl_line(spec: Mapping[str, Any], url: str) -> str:
+    """The same job through the REST API (the token from the environment, so it is not on the page)."""
+    body = shlex.quote(json.dumps(spec))
+    return (
+        f'curl -X POST -H "Authorization: Bearer $DESKPOD_TOKEN" -H "Content-Type: application/json" '
+        f"-d {body} {shlex.quote(url + '/v1/jobs')}"
+    )
+
+
+# --------------------------------------------------------------------------- placement and prediction
+def placement(web: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Which devices the scheduler would give this job now, and the ring bandwidth between them."""
+    from deskpod.hardware.placement import Unplaceable
+
+    k = len(values["indices"])
+    status = web.pod.status()
+    held = {d["index"] for d in status["devices"] if d["job"] is not None}
+    free = [d for d in range(web.pod.device_count) if d not in held]
+    what = "GPU" if web.pod.device_kind == "cuda" else "CPU worker slot"
+    out: dict[str, Any] = {"k": k, "free": free, "devices": None, "reason": "", "ever": True, "ring": None,
+                           "ring_text": "", "note": ""}  # fmt: skip
+    got = web.pod.place(free, k, "best")
+    if isinstance(got, Unplaceable):
+        out.update(reason=got.reason, ever=got.ever)
+        out["text"] = f"It would wait: {got.reason}."
+    else:
+        out.update(devices=list(got.devices), reason=got.reason)
+        shown = ", ".join(map(str, got.devices))
+        out["text"] = f"{what}{'s' if k != 1 else ''} {shown} — {got.reason}"
+        out["ring"], out["ring_text"] = _ring(web.pod.topology, got.devices)
+    named = values.get("named")
+    if named:
+        out["note"] = (
+            f"A job asks the pod for a count: you named {', '.join(map(str, named))}, so it asks for {k} and the "
+            "scheduler picks which (above: its pick now)."
+        )
+    queued = status["queued"]
+    if queued:
+        out["note"] = (out["note"] + f" {queued} job{'s are' if queued != 1 else ' is'} queued now.").strip()
+    return out
+
+
+def _ring(topology: Any, devices: tuple[int, ...]) -> tuple[dict[str, Any] | None, str]:
+    from deskpod.comm.rings import build_rings
+
+    if topology is None:
+        return None, ""
+    if len(devices) < 2:
+        return {"bandwidth": 0.0, "kind": "none", "rings": 0}, "One device: no all-reduce, so no ring."
+    rings = build_rings(topology, devices)
+    ring = {"bandwidth": rings.bandwidth, "kind": rings.kind, "rings": len(rings.rings)}
+    n = len(rings.rings)
+    return (
+        ring,
+        f"Ring bandwidth {rings.bandwidth:g} GB/s per direction ({n} {rings.kind} ring{'s' if n != 1 else ''}).",
+    )
+
+
+def _plan_precision(precision: str, kind: str, machine: str | None) -> str:
+    """The planner's precision for the trainer's: ``auto`` is fp32 on CPUs, bf16 on GPUs that have it, else fp16."""
+    if precision != "auto":
+        return precision
+    if kind == "cpu":
+        return "fp32"
+    if machine is not None:
+        from deskpod.hardware.catalog import find_machine
+
+        return "bf16" if find_machine(machine).peak_tflops("bf16") else "fp16"
+    return "bf16"
+
+
+def prediction(
+    web: Any, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The plan's time for this job on this box: calibrated (machine ``local``), or the catalog machine the pod
+    runs as; otherwise a plain "not calibrated" and how to calibrate, with no number."""
+    from deskpod.plan import local
+    from deskpod.plan.predict import predict_plan
+    from deskpod.plan.workload import Workload
+
+    k = len(values["indices"])
+    batch = int(values["batch_size"])
+    steps = int(values["steps"] or 0)
+    epochs = steps * batch * k / summary["train_size"] if steps else float(values["epochs"])
+    machine = web.pod.config.machine
+    out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": []}
+    home = Path(web.home).resolve()
+    factors = None
+    if machine is None:
+        try:
+            cal = local.load(home)
+        except UsageError as e:
+            where = f"DESKPOD_HOME={shlex.quote(str(home))} "
+            out["message"] = (
+                f"This box is not calibrated, so there is no predicted time. Calibrate it with: "
+                f"{where}deskpod plan calibrate. {CALIBRATE_HELP}."
+                if not local.calibration_path(home).exists()
+                else f"No predicted time: {e}."  # a damaged file: its own message
+            )
+            return out
+        factors, kind, out["when"] = cal.factors, cal.measurements.kind, cal.when
+    else:
+        from deskpod.hardware.catalog import find_machine
+
+        kind = find_machine(machine).kind
+    precision = _plan_precision(str(values["precision"]), kind, machine)
+    try:
+        w = Workload(
+            networks.model_cost(dict(info), summary["input_shape"]), batch=batch, precision=precision,  # type: ignore[arg-type]
+            dataset_images=int(summary["train_size"]), epochs=epochs,
+            data="real" if summary["kind"] == "imagefolder" else "synthetic",  # in-memory data decodes nothing
+        )  # fmt: skip
+        plan = predict_plan(w, machine or local.LOCAL, devices_per_node=k, factors=factors, home=home)
+    except UsageError as e:
+        out["message"] = f"No prediction: {e}."
+        return out
+    out.update(
+        calibrated=True, precision=precision, epochs=epochs, global_batch=batch * k,
+        time_to_train_s=plan.time_to_train_s, images_per_s=plan.images_per_s, step_s=plan.step_s,
+        compute_s=plan.compute_s, comm_s=plan.exposed_comm_s, scaling_efficiency=plan.scaling_efficiency,
+    )  # fmt: skip
+    out["rows"] = [
+        ["Time to train", render.duration(plan.time_to_train_s)],
+        ["Images/s", _figure(plan.images_per_s)],
+        ["Step time", f"{_figure(plan.step_s * 1e3)} ms"],
+    ]
+    where = f"machine {machine} (the pod runs as it)" if machine else f"this box as calibrated on {cal.when}"
+    out["message"] = (
+        f"{render.number(epochs)} epoch{'s' if epochs != 1 else ''} of {summary['train_size']:,} images at "
+        f"{precision}, {k} device{'s' if k != 1 else ''} × {batch}: the plan for {where}."
+    )
+    return out
+
+
+def _figure(x: float) -> str:
+    """A rate or a time to read at a glance: whole units from 100 on (``6,870``), three digits below (``37.3``)."""
+    return f"{round(x):,}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+# --------------------------------------------------------------------------- the view
+def _fashion_root() -> Path:
+    from deskpod.environment import Environment
+
+    return Environment.read().fashion_mnist_dir
+
+
+def _cache(web: Any, name: str) -> dict[Any, Any]:
+    return web.cache.setdefault(name, {})  # type: ignore[no-any-return]
+
+
+def explore(web: Any, data: str) -> dict[str, Any]:
+    return datasets.explore(data, _cache(web, "datasets"), _fashion_root())
+
+
+def network(web: Any, model: str, summary: Mapping[str, Any]) -> dict[str, Any]:
+    return networks.network(model, summary["input_shape"], summary["num_classes"], _cache(web, "networks"),
+                            cwd=Path(web.home))  # fmt: skip
+
+
+def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info: Mapping[str, Any],
+            url: str) -> dict[str, Any]:  # fmt: skip
+    """Step 3's live part: errors per field, placement, prediction, the job spec and its CLI and API forms."""
+    values, errors = check_train(web, state, summary)
+    out: dict[str, Any] = {"errors": errors, "error": "", "placement": None, "prediction": None, "spec": None,
+                           "cli": "", "curl": "", "query": state_query(state)}  # fmt: skip
+    if "devices" not in errors:
+        out["placement"] = place = placement(web, values)
+        if not place["ever"]:
+            errors["devices"] = f"job can never fit this box: {place['reason']}"  # what the pod's submit says
+    if not errors.keys() & {"devices", "epochs", "steps", "batch_size", "precision"}:
+        out["prediction"] = prediction(web, info, summary, values)
+    if errors:
+        return out
+    spec = job_spec(state, values)
+    from deskpod.jobs.spec import parse_spec
+
+    try:
+        parse_spec(spec, device_count=web.pod.device_count)  # the job spec's own limits (a name of 64 characters)
+    except ConfigError as e:
+        field = next((f for f in TRAIN_FIELDS if str(e).startswith(f"job spec: {f} ")), None)
+        if field:
+            errors[field] = str(e)
+        else:
+            out["error"] = str(e)
+        return out
+    out.update(spec=spec, cli=cli_line(spec), curl=curl_line(spec, url))
+    return out
+
+
+def view(web: Any, state: dict[str, str], asked: str | None, url: str) -> tuple[dict[str, Any], int]:
+    """The page's data for the step the choices reach, and its HTTP status (400 when a choice is bad)."""
+    errors: dict[str, str] = {}
+    step = step_of(state, asked)
+    out: dict[str, Any] = {"step": step, "choices": state, "defaults": defaults(), "errors": errors, "error": "",
+                           "datasets": list(datasets.CARDS), "dataset": None, "networks": None, "network": None,
+                           "preview": None}  # fmt: skip
+    summary = None
+    if state["data"]:
+        try:
+            summary = explore(web, state["data"])
+            state["data"] = summary["data"]  # an image folder's path made absolute, as the job gets it
+        except DeskpodError as e:
+            errors["data"] = str(e)
+            step = 1
+    if summary is not None and step >= 2:
+        out["dataset"] = summary
+        if step == 2:
+            out["networks"] = networks.cards(summary["input_shape"], summary["num_classes"], _cache(web, "networks"))
+    if summary is not None and state["model"]:
+        info = network(web, state["model"], summary)
+        if info["error"]:
+            errors["model"] = info["error"]
+            step = min(step, 2)
+            if out["networks"] is None:
+                out["networks"] = networks.cards(summary["input_shape"], summary["num_classes"],
+                                                 _cache(web, "networks"))  # fmt: skip
+        elif step == 3:
+            out["network"] = info
+            out["preview"] = pv = preview(web, state, summary, info, url)
+            errors.update(pv["errors"])
+            out["error"] = pv["error"]
+    out["step"] = step
+    return out, 400 if errors or out["error"] else 200
+
+
+def _extra(web: Any, state: dict[str, str]) -> dict[str, Any]:
+    """What only the HTML needs: links that keep the choices, and formatting."""
+    from deskpod.train.config import OPTIMIZERS, PRECISIONS
+
+    def keep(*skip: str) -> list[tuple[str, str]]:
+        query = parse_qsl(state_query(state))
+        return [(k, v) for k, v in query if k not in skip]
+
+    def sample_src(data: str, cls: int) -> str:
+        return f"{ROOT}/datasets/samples.png?{urlencode({'data': data, 'class': cls})}"
+
+    count = web.pod.device_count
+    noun = "GPU" if web.pod.device_kind == "cuda" else "CPU worker slot"
+    return {"state": state, "href": lambda **changes: href(state, **changes), "keep": keep, "labels": LABELS,
+            "sample_src": sample_src, "sample_size": datasets.sample_size, "sample_classes": datasets.SAMPLE_CLASSES,
+            "si": si, "device_count": count, "device_noun": noun + ("s" if count != 1 else ""),
+            "precisions": PRECISIONS, "optimizers": OPTIMIZERS}  # fmt: skip
+
+
+def si(x: float | None) -> str:
+    """``421,738`` as ``422 k``, ``8,482,304`` as ``8.48 M``: three significant digits and an SI prefix."""
+    if x is None:
+        return "-"
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.3g} {prefix}"
+    return f"{x:.3g} "
+
+
+LABELS = {
+    "devices": "Devices", "epochs": "Epochs", "steps": "Steps", "batch_size": "Batch size per device",
+    "precision": "Precision", "optimizer": "Optimizer", "lr": "Learning rate", "name": "Run name",
+}  # fmt: skip
+"""The fields' accessible names (the end-to-end tests find them by these)."""
+
+
+def _pod_url(request: Request) -> str:
+    return f"{request.url.scheme}://{request.url.netloc}"
+
+
+def start(web: Any, who: Viewer, state: dict[str, str], url: str) -> tuple[dict[str, Any], int, Any]:
+    """Check every choice, then queue the job: (page data, status, the job or None)."""
+    data, status = view(web, state, None, url)
+    if status != 200 or data["step"] != 3:
+        return data, 400, None
+    try:
+        job = web.pod.submit(who.user, data["preview"]["spec"])
+    except DeskpodError as e:
+        from deskpod.jobs.api import status_of
+
+        data["error"] = str(e)
+        return data, status_of(e), None
+    return data, 201, job
+
+
+def register(app: FastAPI, web: Any) -> None:
+    @app.get("/new.json")
+    @app.get("/new")
+    def new_page(request: Request, who: Signed, step: Annotated[str | None, Query(max_length=1)] = None) -> Response:
+        state = read_state(request.query_params)
+        data, status = view(web, state, step, _pod_url(request))
+        return render.page(
+            request, "new.html", data, who, title="New training", status=status, extra=_extra(web, state)
+        )
+
+    @app.get("/new/preview.json")
+    def preview_json(request: Request, who: Signed) -> Response:
+        """Step 3's live part for the query's values (200 with ``errors`` for bad values: it is a check)."""
+        state = read_state(request.query_params)
+        data, _ = view(web, state, None, _pod_url(request))
+        if data["preview"] is not None:
+            return JSONResponse(data["preview"])
+        return JSONResponse({"errors": data["errors"], "error": "choose a dataset and a network first",
+                             "query": state_query(state)}, status_code=400)  # fmt: skip
+
+    @app.post("/new")
+    async def submit(request: Request, who: Signed) -> Response:
+        fields = await form_csrf(request, who)
+        state = read_state(fields)
+        if fields.get("action") == "preview":  # the no-JavaScript preview: the form's values into the URL
+            return RedirectResponse(href(state), status_code=303)
+        data, status, job = await run_in_threadpool(start, web, who, state, _pod_url(request))
+        if job is None:
+            return render.page(request, "new.html", data, who, title="New training", status=status,
+                               extra=_extra(web, state))  # fmt: skip
+        if render.wants_json(request):
+            return JSONResponse(job.to_json(), status_code=201)
+        return RedirectResponse(f"{ROOT}/jobs/{job.id}", status_code=303)
+
+    @app.get("/datasets/samples.png")
+    def samples_png(
+        who: Signed,
+        data: Annotated[str, Query(max_length=MAX_VALUE)],
+        cls: Annotated[int | None, Query(alias="class", ge=0, le=1_000_000)] = None,
+    ) -> Response:
+        png = datasets.samples_png(data, cls, _cache(web, "datasets"), _fashion_root())
+        return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})

@@ -1,0 +1,586 @@
+"""The Models page: deploy a run's checkpoint as a served model, list the deployments, try one on an image.
+
+A deployment is a pod job of kind ``serve`` (`deskpod.jobs.spec`): it exports the run's latest checkpoint into
+the job's own model repository and runs ``deskpod serve`` on a free loopback port, holding its devices until it
+is stopped (cancelled). The server writes where it listens to the job folder's ``serve.json`` — ``{"url",
+"pid", "models", "ready"}``, atomically, once listening and again when the models are loaded — and this page
+reads that file, then asks the server itself (``GET <url>/v2/models/<name>``, 127.0.0.1 only) for the
+model's inputs, outputs and labels.
+
+"Try it" sends one image to the deployment (a v2 infer request, binary tensor data) and shows the top-5
+classes with softmax probabilities, the round trip measured here and the server's own queue and compute
+time (the change in its statistics across the request, when no other request ran meanwhile). The served
+models take FP32 ``[C, H, W]`` tensors in [0, 1] (the exported graph applies the run's normalisation, see
+`deskpod.serve.export`), so this page does the preprocessing itself for now: PIL decodes the upload,
+converts it to grayscale or RGB (transparency over black, the Fashion-MNIST background), resizes it to
+H×W and scales it to [0, 1]. Issue 15 will give the served models image (BYTES) inputs that the server
+decodes itself; this page can then send the file as it is. A run trained on Fashion-MNIST can also be tried
+on a sample of its test set (t10k), shown with its true label.
+
+::
+
+    GET  /ui/models               deployments (the viewer's; an admin's: all) and the Deploy form
+    POST /ui/models/deploy        submit a serve job for one of the viewer's train jobs with a checkpoint
+    GET  /ui/models/<id>/try      upload an image or pick a test sample
+    POST /ui/models/<id>/try      predict: top-5 and latency (JSON with Accept: application/json)
+
+Only a deployment's owner (or an admin) sees, tries or stops it; anyone else gets a 404, as for a job that
+does not exist. The list shows every queued or active deployment and the latest stopped ones among the
+newest `SCAN_JOBS` jobs, so it costs the same with 10,000 jobs in the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, TooLargeError
+from deskpod.jobs.api import status_of
+from deskpod.jobs.states import JobState
+from deskpod.jobs.store import JobRecord
+from deskpod.train.runs import RunPaths, has_checkpoint
+from deskpod.web import render
+from deskpod.web.images import data_url, decode_image, test_sample, to_input
+from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+
+Signed = Annotated[Viewer, Depends(viewer)]
+
+SCAN_JOBS = 500
+"""How many of the newest jobs are looked through for stopped deployments and for runs to deploy."""
+STOPPED_SHOWN = 20
+MAX_UPLOAD_BYTES = 10 << 20
+"""The largest image accepted for "try it"."""
+TEST_SAMPLES = 10_000
+"""Fashion-MNIST's test set (t10k) has this many images."""
+TOP_K = 5
+METADATA_TIMEOUT_S = 2.0
+INFER_TIMEOUT_S = 30.0
+FAILED_METADATA_RETRY_S = 5.0
+"""A server that did not answer is asked again after this long (the page stays fast meanwhile)."""
+FORMATS = ("onnx", "torch")
+ACTIVE = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
+
+
+# ----------------------------------------------------------------------------------------- deployments
+def read_port_file(path: Path, started_at: float | None) -> dict[str, Any] | None:
+    """The server's ``serve.json``, or None when missing, unreadable or left by an earlier attempt."""
+    try:
+        st = path.stat()
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or (started_at is not None and st.st_mtime < started_at - 1.0):
+        return None
+    return doc
+
+
+def loopback_url(url: object) -> str | None:
+    """``url`` if it is ``http://127.0.0.1:PORT`` (the only place a deployment is called), else None."""
+    if not isinstance(url, str):
+        return None
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme != "http" or parts.hostname != "127.0.0.1" or not port or parts.path not in ("", "/"):
+        return None
+    return f"http://127.0.0.1:{port}"
+
+
+def train_job_of(web: Any, who: Viewer, run: str) -> str | None:
+    """The id of the train job whose run folder ``run`` is, if it is one and the viewer may see it."""
+    try:
+        rel = Path(run).relative_to(web.home / "jobs").parts
+    except ValueError:
+        return None
+    if len(rel) != 3 or rel[1] != "runs" or not rel[0].isdigit():
+        return None
+    try:
+        job = web.job(who, rel[0])
+    except NotFoundError:
+        return None
+    return str(job.id) if web.run_dir(job) == Path(run) else None
+
+
+def fashion_run(run: str) -> bool:
+    """Whether the run was trained on Fashion-MNIST (its resolved ``config.toml`` says so)."""
+    try:
+        config = tomllib.loads(RunPaths(Path(run)).config.read_text())
+    except (OSError, ValueError):
+        return False
+    return config.get("data") == "fashion-mnist"
+
+
+def metadata(web: Any, job: JobRecord, url: str, model: str, pid: object) -> tuple[dict[str, Any] | None, str]:
+    """The model's metadata from its server (cached while the server lives), or None and why not."""
+    cache: dict[tuple[int, str, object], tuple[float, dict[str, Any] | None, str]] = web.cache.setdefault(
+        "models.metadata", {}
+    )
+    key = (job.id, url, pid)
+    hit = cache.get(key)
+    if hit is not None and (hit[1] is not None or time.monotonic() - hit[0] < FAILED_METADATA_RETRY_S):
+        return hit[1], hit[2]
+    got: dict[str, Any] | None = None
+    error = ""
+    try:
+        with httpx.Client(trust_env=False, timeout=METADATA_TIMEOUT_S) as c:
+            r = c.get(f"{url}/v2/models/{model}")
+        doc = r.json()
+        if r.status_code != 200 or not isinstance(doc, dict):
+            error = str(doc.get("error") if isinstance(doc, dict) else r.status_code)
+        else:
+            got = doc
+    except (httpx.HTTPError, ValueError) as e:
+        error = f"the server does not answer ({type(e).__name__})"
+    if len(cache) > 256:
+        cache.clear()
+    cache[key] = (time.monotonic(), got, error)
+    return got, error
+
+
+def summarize(meta: dict[str, Any]) -> dict[str, Any]:
+    """What the page shows of a model's metadata: its tensors and how many labels it has."""
+    labels = (meta.get("parameters") or {}).get("labels") or []
+
+    def tensors(key: str) -> list[dict[str, Any]]:
+        return [
+            {"name": str(t.get("name")), "datatype": str(t.get("datatype")), "shape": list(t.get("shape") or [])}
+            for t in meta.get(key) or []
+            if isinstance(t, dict)
+        ]
+
+    return {
+        "platform": meta.get("platform"),
+        "versions": list(meta.get("versions") or []),
+        "inputs": tensors("inputs"),
+        "outputs": tensors("outputs"),
+        "labels": len(labels),
+    }
+
+
+def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> dict[str, Any]:
+    """One serve job as the Models page shows it: state, status, URL, readiness, the model's metadata."""
+    s = dict(job.spec.serve or {})
+    row: dict[str, Any] = {
+        "id": str(job.id),
+        "name": job.name,
+        "user": job.user,
+        "state": job.state.value,
+        "reason": job.reason,
+        "devices": job.devices,
+        "assigned": list(job.assigned),
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "model": s.get("model"),
+        "format": s.get("format"),
+        "max_batch_size": s.get("max_batch_size"),
+        "run": s.get("run"),
+        "run_name": Path(str(s.get("run", ""))).name,
+        "train_job": train_job_of(web, who, str(s.get("run", ""))),
+        "url": None,
+        "pid": None,
+        "ready": False,
+        "status": "queued",
+        "detail": job.reason,
+        "metadata": None,
+        "can_stop": job.state in ACTIVE and not job.stop_reason,
+    }
+    if job.state not in ACTIVE:
+        row.update(status="stopped", detail=job.reason if job.reason not in ("", job.state.value) else "not serving")
+        return row
+    if job.stop_reason:
+        row.update(status="stopping", detail=f"stopping ({job.stop_reason})")
+        return row
+    if job.state is JobState.QUEUED:
+        return row
+    doc = read_port_file(web.pod.job_folder(job) / "serve.json", job.started_at)
+    url = loopback_url(doc.get("url")) if doc else None
+    row["status"], row["detail"] = "starting", "exporting the run's latest checkpoint"
+    if doc is None or url is None:
+        return row
+    row["url"], row["pid"] = url, doc.get("pid")
+    if not doc.get("ready"):
+        row["detail"] = "loading the model"
+        return row
+    model = str(row["model"])
+    if model not in (doc.get("models") or []):
+        why = (doc.get("unavailable") or {}).get(model, "it is not among the server's models")
+        row.update(status="error", detail=f"the model did not load: {why}")
+        return row
+    row.update(status="ready", ready=True, detail="serving")
+    if with_metadata:
+        meta, error = metadata(web, job, url, model, doc.get("pid"))
+        if meta is None:
+            row.update(status="error", ready=False, detail=f"the server does not give the model's metadata: {error}")
+        else:
+            row["metadata"] = summarize(meta)
+    return row
+
+
+def serve_job(web: Any, who: Viewer, job_id: str) -> JobRecord:
+    """The viewer's deployment ``job_id``; a foreign, unknown or non-serve job is a 404."""
+    job: JobRecord = web.job(who, job_id)
+    if job.spec.serve is None:
+        raise NotFoundError(f"job {job.id} is not a deployment (a serve job); see {ROOT}/models")
+    return job
+
+
+def deployments(web: Any, who: Viewer) -> list[dict[str, Any]]:
+    owner = who.owner_filter()
+    active = [j for j in web.store.jobs(user=owner, states=ACTIVE, limit=SCAN_JOBS) if j.spec.serve is not None]
+    stopped = [
+        j for j in web.store.jobs(user=owner, limit=SCAN_JOBS) if j.spec.serve is not None and j.state not in ACTIVE
+    ][:STOPPED_SHOWN]
+    return [deployment(web, who, j) for j in sorted(active + stopped, key=lambda j: -j.id)]
+
+
+def deployable(web: Any, who: Viewer) -> list[dict[str, Any]]:
+    """The viewer's train jobs (an admin's: anyone's) whose run has a checkpoint, newest first."""
+    out = []
+    for j in web.store.jobs(user=who.owner_filter(), limit=SCAN_JOBS):
+        run = web.run_dir(j)
+        if run is not None and has_checkpoint(run):
+            out.append({"id": str(j.id), "name": j.name, "user": j.user, "state": j.state.value, "run": str(run)})
+    return out
+
+
+def models_data(
+    web: Any, who: Viewer, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The Models page's data: the deployments, the runs that can be deployed, the Deploy form's values."""
+    runs = deployable(web, who)
+    values = {"job": runs[0]["id"] if runs else "", "devices": "1", "format": FORMATS[0], "max_batch_size": "32"}
+    values.update({k: v for k, v in (form or {}).items() if k in values})
+    data: dict[str, Any] = {
+        "deployments": deployments(web, who),
+        "runs": runs,
+        "formats": list(FORMATS),
+        "device_count": web.pod.device_count,
+        "device_kind": web.pod.device_kind,
+        "form": values,
+        "errors": errors or {},
+    }
+    if errors:
+        data["error"] = next(iter(errors.values()))
+    return data
+
+
+def _int_field(fields: dict[str, str], key: str, label: str, low: int, high: int, errors: dict[str, str]) -> int:
+    text = fields.get(key, "").strip()
+    try:
+        value = int(text)
+    except ValueError:
+        errors[key] = f"{label} {text!r} is not a whole number; use {low}..{high}"
+        return low
+    if not low <= value <= high:
+        errors[key] = f"{label} {value} is out of range; use {low}..{high}"
+    return value
+
+
+def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | None, dict[str, str]]:
+    """Submit a serve job for the train job ``fields["job"]``; the errors, by field, when the form is bad."""
+    errors: dict[str, str] = {}
+    job_id = fields.get("job", "").strip()
+    if not job_id:
+        return None, {"job": "pick a training run to deploy (one with a checkpoint)"}
+    train = web.job(who, job_id)  # another user's run: 404, as if it did not exist
+    run = web.run_dir(train)
+    if run is None:
+        errors["job"] = f"job {train.id} ({train.name}) is not a training job; pick a training run"
+    elif not has_checkpoint(run):
+        errors["job"] = f"job {train.id} ({train.name}) has no checkpoint yet; wait for one, then deploy it"
+    devices = _int_field(fields, "devices", "devices", 1, max(1, web.pod.device_count), errors)
+    batch = _int_field(fields, "max_batch_size", "max batch size", 1, 4096, errors)
+    fmt = fields.get("format", FORMATS[0])
+    if fmt not in FORMATS:
+        errors["format"] = f"format {fmt!r} is not one of {', '.join(FORMATS)}"
+    if errors or run is None:
+        return None, errors
+    name = train.name
+    spec = {
+        "name": f"serve-{name}"[:64],
+        "devices": devices,
+        "serve": {"run": str(run), "model": name, "format": fmt, "max_batch_size": batch},
+    }
+    try:
+        return web.pod.submit(who.user, spec), {}
+    except DeskpodError as e:
+        message = str(e)
+        field = next((k for k in ("devices", "format", "max_batch_size") if k in message), "job")
+        return None, {field: message}
+
+
+# ----------------------------------------------------------------------------------------- try it
+def input_spec(meta: dict[str, Any]) -> tuple[str, int, int, int]:
+    """The model's image input: (name, C, H, W) from its metadata; a model that takes no image is refused.
+
+    H or W given as -1 (any size) is returned as 0: the image keeps its own size on that axis."""
+    inputs = meta.get("inputs") or []
+    if len(inputs) != 1:
+        raise ConflictError(f"this page tries models with one image input; this one has {len(inputs)} inputs")
+    t = inputs[0]
+    shape = list(t.get("shape") or [])
+    if shape and shape[0] == -1 and len(shape) == 4:
+        shape = shape[1:]
+    if t.get("datatype") != "FP32" or len(shape) != 3 or shape[0] not in (1, 3):
+        raise ConflictError(
+            f"this page tries models whose input is FP32 [C, H, W] with C = 1 or 3; input {t.get('name')!r} is "
+            f"{t.get('datatype')} {shape}"
+        )
+    c, h, w = (int(x) for x in shape)
+    return str(t.get("name")), c, max(0, h), max(0, w)
+
+
+def top_k(logits: np.ndarray, labels: list[str], k: int = TOP_K) -> list[dict[str, Any]]:
+    """The ``k`` most likely classes of one row of logits, with softmax probabilities."""
+    z = np.asarray(logits, dtype=np.float64).reshape(-1)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")[:k]
+    return [{"label": labels[i] if i < len(labels) else str(i), "index": int(i), "score": float(p[i])} for i in order]
+
+
+def _server_times(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, float] | None:
+    """Queue and compute time of our request from the server's counters, if ours was the only one between."""
+
+    def stats(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+        rows = (doc or {}).get("model_stats") or []
+        if not rows:
+            return None
+        return max(rows, key=lambda r: int(r.get("version", 0) or 0)).get("inference_stats")  # type: ignore[no-any-return]
+
+    a, b = stats(before), stats(after)
+    if a is None or b is None or b["success"]["count"] - a["success"]["count"] != 1:
+        return None
+
+    def ms(key: str) -> float:
+        return float(b[key]["ns"] - a[key]["ns"]) / 1e6
+
+    return {
+        "queue_ms": ms("queue"),
+        "compute_ms": ms("compute_input") + ms("compute_infer") + ms("compute_output"),
+        "server_ms": ms("success"),
+    }
+
+
+async def infer(url: str, model: str, meta: dict[str, Any], x: np.ndarray, input_name: str) -> dict[str, Any]:
+    """One v2 infer request (binary input, JSON output): the top-5 and the latencies."""
+    from deskpod.serve.protocol import decode_response, encode_request
+
+    outputs = meta.get("outputs") or []
+    if not outputs:
+        raise ConflictError(f"model {model!r} declares no outputs")
+    out_name = str(outputs[0].get("name"))
+    body, hl = encode_request({input_name: x}, binary=True, outputs=[out_name], binary_outputs=False)
+    headers = {"Content-Type": "application/octet-stream"}
+    if hl is not None:
+        headers["Inference-Header-Content-Length"] = str(hl)
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=INFER_TIMEOUT_S) as c:
+        stats_url = f"/v2/models/{model}/stats"
+        before = await _json_or_none(c, stats_url)
+        t0 = time.perf_counter()
+        try:
+            r = await c.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+        except httpx.HTTPError as e:
+            raise ConflictError(f"the deployment did not answer the request ({type(e).__name__}: {e})") from None
+        latency_ms = (time.perf_counter() - t0) * 1000
+        after = await _json_or_none(c, stats_url)
+    if r.status_code != 200:
+        try:
+            why = r.json().get("error", r.text)
+        except ValueError:
+            why = r.text[:200]
+        raise ConflictError(f"the deployment refused the request (HTTP {r.status_code}): {why}")
+    rhl = r.headers.get("inference-header-content-length")
+    got = decode_response(r.content, int(rhl) if rhl and rhl.isdigit() else None)
+    logits = got[out_name]
+    labels = [str(x) for x in (meta.get("parameters") or {}).get("labels") or []]
+    return {
+        "top": top_k(logits[0], labels),
+        "classes": int(logits[0].size),
+        "latency_ms": latency_ms,
+        "server": _server_times(before, after),
+    }
+
+
+async def _json_or_none(c: httpx.AsyncClient, path: str) -> dict[str, Any] | None:
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        r = await c.get(path)
+        if r.status_code == 200:
+            doc = r.json()
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def try_data(web: Any, who: Viewer, job: JobRecord) -> dict[str, Any]:
+    """The try page's data: the deployment, whether it has test samples, and (after a POST) the result."""
+    row = deployment(web, who, job)
+    fashion = fashion_run(str(row["run"] or ""))
+    return {
+        "deployment": row,
+        "samples": TEST_SAMPLES if fashion else 0,
+        "max_upload_bytes": MAX_UPLOAD_BYTES,
+        "form": {"sample": ""},
+        "result": None,
+        "errors": {},
+    }
+
+
+async def _read_upload(upload: UploadFile) -> bytes:
+    data = await upload.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise TooLargeError(f"the image is over the limit of {MAX_UPLOAD_BYTES >> 20} MiB; choose a smaller one")
+    return data
+
+
+async def predict(
+    web: Any, request: Request, job: JobRecord, data: dict[str, Any], fields: dict[str, str]
+) -> dict[str, Any]:
+    """Run the try form: the uploaded image or the chosen test sample through the deployment."""
+    row = data["deployment"]
+    if row["status"] != "ready":
+        raise ConflictError(
+            f"deployment {row['id']} is {row['status']} ({row['detail']}); "
+            + ("try it once it is ready" if row["status"] in ("queued", "starting") else "deploy the run again")
+        )
+    full, error = metadata(web, job, row["url"], str(row["model"]), row["pid"])
+    if full is None:
+        raise ConflictError(f"deployment {row['id']} does not give its model's metadata: {error}")
+    name, c, h, w = input_spec(full)
+    form = await request.form()
+    upload = form.get("image")
+    if isinstance(upload, UploadFile) and upload.filename:
+        try:
+            raw = await _read_upload(upload)
+        except TooLargeError as e:
+            raise _FieldError("image", e) from None
+        got = await run_in_threadpool(_prepare_upload, raw, str(upload.filename), c, h, w)
+    elif fields.get("sample", "").strip():
+        if not data["samples"]:
+            raise _FieldError(
+                "sample", ConfigError("this run was not trained on Fashion-MNIST: it has no test samples")
+            )
+        errors: dict[str, str] = {}
+        index = _int_field(fields, "sample", "test sample", 0, TEST_SAMPLES - 1, errors)
+        if errors:
+            raise _FieldError("sample", ConfigError(errors["sample"]))
+        got = await run_in_threadpool(_prepare_sample, web, index, c, h, w)
+    else:
+        raise _FieldError("image", ConfigError("choose an image file to upload, or a test sample number"))
+    x, source = got.pop("x"), got.pop("source")
+    result = await infer(row["url"], str(row["model"]), full, x, name)
+    result["input"] = {**source, "shape": list(x.shape)}
+    if source["source"] == "sample":
+        result["correct"] = bool(result["top"] and result["top"][0]["index"] == source["true_index"])
+    return {"result": result, **got}
+
+
+def _prepare_upload(raw: bytes, filename: str, c: int, h: int, w: int) -> dict[str, Any]:
+    """Decode an upload and make the model's input of it (a worker thread: PIL work blocks)."""
+    try:
+        im = decode_image(raw)
+    except DeskpodError as e:
+        raise _FieldError("image", e) from None
+    x, seen = to_input(im, c, h, w)
+    source = {"source": "upload", "filename": filename, "width": im.width, "height": im.height}
+    shown = data_url(im, 112, upscale=True) if max(im.size) < 112 else data_url(im)
+    return {"x": x, "source": source, "shown": shown, "seen": data_url(seen, 112, upscale=True)}
+
+
+def _prepare_sample(web: Any, index: int, c: int, h: int, w: int) -> dict[str, Any]:
+    """A test sample as the model's input, with its true label (a worker thread: reading t10k blocks)."""
+    im, label, label_name = test_sample(web, index)
+    x, seen = to_input(im, c, h, w)
+    source = {"source": "sample", "sample": index, "true_label": label_name, "true_index": label}
+    return {
+        "x": x,
+        "source": source,
+        "shown": data_url(im, 112, upscale=True),
+        "seen": None if seen.size == im.size else data_url(seen, 112, upscale=True),  # else: the same picture
+    }
+
+
+class _FieldError(Exception):
+    """A bad value of one field of the try form: shown next to that field."""
+
+    def __init__(self, field: str, error: DeskpodError) -> None:
+        super().__init__(str(error))
+        self.field = field
+        self.error = error
+
+
+def _try_page(request: Request, who: Viewer, data: dict[str, Any], *, status: int = 200, extra: Any = None) -> Response:
+    row = data["deployment"]
+    return render.page(
+        request, "try.html", data, who, title=f"Try {row['model']}", status=status,
+        extra={"shown": None, "seen": None, **(extra or {})},
+    )  # fmt: skip
+
+
+def _try_error(request: Request, who: Viewer, data: dict[str, Any], field: str, e: DeskpodError) -> Response:
+    """The try page again, with the message next to the field it is about (or above the forms)."""
+    data["errors"] = {field or "form": str(e)}
+    data["error"] = str(e)
+    return _try_page(request, who, data, status=status_of(e))
+
+
+def register(app: FastAPI, web: Any) -> None:
+    @app.get("/models.json")
+    @app.get("/models")
+    def models_page(request: Request, who: Signed) -> Response:
+        return render.page(request, "models.html", models_data(web, who), who, title="Models")
+
+    @app.post("/models/deploy")
+    async def deploy_form(request: Request, who: Signed) -> Response:
+        fields = await form_csrf(request, who)
+        job, errors = deploy(web, who, fields)
+        if job is None:
+            data = await run_in_threadpool(models_data, web, who, fields, errors)  # it may ask servers for metadata
+            return render.page(request, "models.html", data, who, title="Models", status=400)
+        if render.wants_json(request):
+            return JSONResponse(deployment(web, who, job, with_metadata=False), status_code=201)
+        return RedirectResponse(f"{ROOT}/models#deployment-{job.id}", status_code=303)
+
+    @app.get("/models/{job_id}/try.json")
+    @app.get("/models/{job_id}/try")
+    def try_page(request: Request, job_id: str, who: Signed) -> Response:
+        job = serve_job(web, who, job_id)
+        return _try_page(request, who, try_data(web, who, job))
+
+    @app.post("/models/{job_id}/try")
+    async def try_post(request: Request, job_id: str, who: Signed) -> Response:
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit():  # browsers send it; without it the size is known only after spooling it all
+            raise ConfigError("the upload must say its size (a Content-Length header); chunked uploads are refused")
+        if int(declared) > MAX_UPLOAD_BYTES + (64 << 10):  # the image, and room for the form around it
+            raise TooLargeError(f"the upload is over the limit of {MAX_UPLOAD_BYTES >> 20} MiB; choose a smaller image")
+        fields = await form_csrf(request, who)
+        job = serve_job(web, who, job_id)
+        data = await run_in_threadpool(try_data, web, who, job)  # it may ask the server for metadata
+        data["form"] = {"sample": fields.get("sample", "")}
+        try:
+            got = await predict(web, request, job, data, fields)
+        except _FieldError as e:
+            return _try_error(request, who, data, e.field, e.error)
+        except DeskpodError as e:
+            return _try_error(request, who, data, "", e)
+        data["result"] = got["result"]
+        if render.wants_json(request):
+            return JSONResponse(
+                {**got["result"], "deployment": data["deployment"]["id"], "model": data["deployment"]["model"]}
+            )
+        return _try_page(request, who, data, extra={"shown": got["shown"], "seen": got["seen"]})

@@ -1,0 +1,143 @@
+"""Pages out of templates, and their JSON twins: one view function feeds both.
+
+A view returns the data a page shows as a JSON-able dict; `respond` renders it with the page's
+template (``templates/<name>.html``) or, when the path ends in ``.json``, returns it as JSON. Jinja2
+escapes every value put into a template (``autoescape``): a job named ``<script>`` is text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+from deskpod import __version__
+from deskpod.web.session import ROOT, Viewer
+
+
+def wants_json(request: Request) -> bool:
+    """A JSON twin (``....json``), or a script that asked for JSON."""
+    path = request.url.path
+    return path.endswith(".json") or "application/json" in request.headers.get("accept", "").split(",")[0]
+
+
+def age(t: float | None, now: float | None = None) -> str:
+    """``12s``, ``5m``, ``3h``, ``2d`` since ``t``; ``-`` for None."""
+    if t is None:
+        return "-"
+    return duration(max(0.0, (now or time.time()) - t))
+
+
+def duration(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    s = max(0.0, s)
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 7200:
+        return f"{s / 60:.0f}m"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+def clock(t: float | None) -> str:
+    """Local wall time of an epoch timestamp: ``2026-12-01 06:28:35``."""
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def size(n: float | None) -> str:
+    """Bytes in binary units: ``1.5 GiB``."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def number(x: float | None, digits: int = 3) -> str:
+    """A figure with ``digits`` significant digits, thousands separated: ``1,234``, ``0.0123``."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    if isinstance(x, int) or abs(x) >= 10 ** (digits - 1):  # 1,234 and 123, never 1.23e+03
+        return f"{round(x):,}"
+    return f"{x:.{digits}g}"
+
+
+def sparkline(values: Sequence[float], width: int = 120, height: int = 24) -> Markup:
+    """A small inline SVG line of ``values`` (already downsampled), drawn on the server."""
+    pts = [v for v in values if math.isfinite(v)]
+    if len(pts) < 2:
+        return Markup("")
+    lo, hi = min(pts), max(pts)
+    span = (hi - lo) or 1.0
+    step = width / (len(pts) - 1)
+    coords = " ".join(f"{i * step:.1f},{height - 2 - (v - lo) / span * (height - 4):.1f}" for i, v in enumerate(pts))
+    label = f"loss from {number(pts[0])} to {number(pts[-1])}"
+    return Markup(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{label}"><polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{coords}"/></svg>'
+    )
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("deskpod.web", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(age=age, duration=duration, clock=clock, size=size, number=number, sparkline=sparkline)
+    # JSON for a <script type="application/json"> block: "<" escaped so no value can close the tag.
+    env.filters["tojson"] = lambda v: Markup(json.dumps(v).replace("<", "\\u003c").replace(">", "\\u003e"))
+    env.globals.update(root=ROOT, version=__version__)
+    return env
+
+
+TEMPLATES = _environment()
+
+
+def page(
+    request: Request,
+    template: str,
+    data: Mapping[str, Any],
+    viewer: Viewer | None,
+    *,
+    title: str,
+    status: int = 200,
+    extra: Mapping[str, Any] | None = None,
+) -> Response:
+    """The page ``template`` over ``data``, or ``data`` itself for a JSON twin.
+
+    ``extra`` holds what only the HTML needs (form state, pictures); it is not part of the twin.
+    """
+    if wants_json(request):
+        return JSONResponse(dict(data), status_code=status)
+    path = request.url.path
+    twin = f"{path}pod.json" if path.endswith("/") else f"{path}.json"
+    html = TEMPLATES.get_template(template).render(
+        data=data, viewer=viewer, title=title, path=path, twin=twin, query=str(request.url.query), **(extra or {})
+    )
+    return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+
+SECURITY_HEADERS = {
+    # Only our own scripts, styles and images; no framing (clickjacking); no referrer to other sites.
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; script-src 'self'; "
+        "connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}

@@ -1,0 +1,127 @@
+"""Who is looking: the session cookie (or a bearer token), and the CSRF token every form carries.
+
+A browser signs in at ``/ui/login`` with one of the pod's tokens and gets a server-side session
+(`deskpod.jobs.auth.new_session`) in a cookie that scripts cannot read (HttpOnly) and that no other
+site's page can send (SameSite=Strict). Each session has its own CSRF token; every form posts it as
+``csrf`` and every script sends it as ``X-CSRF-Token``, and a cookie-authenticated POST without it is
+refused. Scripts may also use the JSON twins with ``Authorization: Bearer <token>``, like the REST
+API; a request that carries no cookie needs no CSRF token.
+
+The sign-in form itself carries a token too: a random value set in a short-lived cookie and repeated
+in the form (double submit), so another site cannot sign a browser in as someone else.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from deskpod.errors import AccessError, AuthError
+from deskpod.jobs import auth
+from deskpod.jobs.store import Store, User
+
+COOKIE = "deskpod_session"
+LOGIN_COOKIE = "deskpod_login"
+ROOT = "/ui"
+"""Where the dashboard is mounted; every page's URL starts with it."""
+
+
+class SignInRequired(AuthError):
+    """No session, an expired one, or no token: pages answer with the sign-in page, JSON with 401."""
+
+
+class CsrfError(AccessError):
+    """A cookie-authenticated POST without the session's CSRF token (HTTP 403)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """The signed-in user of a request, and how they signed in."""
+
+    user: User
+    csrf: str
+    """The session's CSRF token ('' for a bearer-token request, which needs none)."""
+    session: str | None
+    """The session id from the cookie; None for a bearer-token request."""
+
+    def owner_filter(self) -> str | None:
+        """The ``user`` to filter jobs by: None for an admin (every job), else the user's own name."""
+        return None if self.user.admin else self.user.name
+
+
+def viewer(request: Request) -> Viewer:
+    """The signed-in user, from the session cookie or a bearer token; `SignInRequired` otherwise."""
+    store: Store = request.app.state.web.store
+    cookie = request.cookies.get(COOKIE)
+    if cookie:
+        found = auth.session_user(store, cookie, time.time())
+        if found is not None:
+            return Viewer(found[0], found[1], cookie)
+    header = request.headers.get("authorization")
+    if header:
+        return Viewer(auth.authenticate(store, header), "", None)
+    if cookie:
+        raise SignInRequired("your session has expired; sign in again")
+    raise SignInRequired("sign in with your pod token to see this page")
+
+
+def check_csrf(viewer: Viewer, sent: str | None) -> None:
+    """Refuse a cookie-authenticated state change whose form or header lacks the session's token."""
+    if viewer.session is None:
+        return  # a bearer token is not sent by browsers on their own: no cross-site forgery
+    if not sent or not hmac.compare_digest(sent, viewer.csrf):
+        raise CsrfError("this form's CSRF token is missing or out of date; reload the page and try again")
+
+
+async def form_csrf(request: Request, viewer: Viewer) -> dict[str, str]:
+    """The posted form's fields (text only), after checking its CSRF token (header or ``csrf`` field)."""
+    form = await request.form()
+    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    check_csrf(viewer, request.headers.get("x-csrf-token") or fields.get("csrf"))
+    return fields
+
+
+def set_session_cookie(response: Response, request: Request, session: str) -> None:
+    response.set_cookie(
+        COOKIE, session, max_age=int(auth.SESSION_HOURS * 3600), path="/", httponly=True, samesite="strict",
+        secure=request.url.scheme == "https",
+    )  # fmt: skip
+
+
+def clear_session_cookie(response: Response) -> None:
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+
+
+def login_token(request: Request) -> str:
+    """The sign-in form's token: the one already in the browser's login cookie, or a new one."""
+    return request.cookies.get(LOGIN_COOKIE) or secrets.token_urlsafe(24)
+
+
+def set_login_cookie(response: Response, token: str) -> None:
+    response.set_cookie(LOGIN_COOKIE, token, max_age=3600, path=f"{ROOT}/login", httponly=True, samesite="strict")
+
+
+def check_login_token(request: Request, sent: str | None) -> None:
+    expected = request.cookies.get(LOGIN_COOKIE)
+    if not expected or not sent or not hmac.compare_digest(expected, sent):
+        raise CsrfError("the sign-in form is out of date (its CSRF token is missing); reload it and try again")
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after signing in: a path of this dashboard only (never another site)."""
+    if not target:
+        return f"{ROOT}/"
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not parts.path.startswith(f"{ROOT}/") or "\\" in target:
+        return f"{ROOT}/"
+    return target
+
+
+def login_url(next_path: str) -> str:
+    return f"{ROOT}/login?next={quote(next_path, safe='/')}"

@@ -1,0 +1,73 @@
+// deskpod dashboard: what every page shares. Pages work without it; this adds confirmations and helpers.
+"use strict";
+
+const deskpod = (() => {
+  const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
+
+  // POST JSON-less requests with the session's CSRF token; resolves to the parsed JSON answer.
+  async function post(url, body) {
+    const opts = { method: "POST", headers: { "X-CSRF-Token": csrf(), Accept: "application/json" }, credentials: "same-origin" };
+    if (body instanceof FormData) opts.body = body;
+    else if (body !== undefined) { opts.body = JSON.stringify(body); opts.headers["Content-Type"] = "application/json"; }
+    const r = await fetch(url, opts);
+    const doc = await r.json().catch(() => ({ error: r.statusText }));
+    if (!r.ok) throw new Error(doc.error || r.statusText);
+    return doc;
+  }
+
+  async function getJSON(url) {
+    const r = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    const doc = await r.json().catch(() => ({ error: r.statusText }));
+    if (r.status === 401) { location.href = "/ui/login?next=" + encodeURIComponent(location.pathname + location.search); }
+    if (!r.ok) throw new Error(doc.error || r.statusText);
+    return doc;
+  }
+
+  // <form data-confirm="Cancel job 3?">: ask in a dialog first (the server asks again without JavaScript).
+  function confirmForms() {
+    for (const form of document.querySelectorAll("form[data-confirm]")) {
+      form.addEventListener("submit", (ev) => {
+        if (form.dataset.confirmed === "1") return;
+        ev.preventDefault();
+        const dlg = document.createElement("dialog");
+        dlg.setAttribute("aria-labelledby", "confirm-text");
+        const p = document.createElement("p");
+        p.id = "confirm-text";
+        p.textContent = form.dataset.confirm;
+        const yes = document.createElement("button");
+        yes.textContent = form.dataset.confirmYes || "Yes";
+        yes.className = "danger";
+        const no = document.createElement("button");
+        no.textContent = "No, keep it";
+        no.className = "secondary";
+        const row = document.createElement("p");
+        row.append(yes, " ", no);
+        dlg.append(p, row);
+        document.body.append(dlg);
+        no.addEventListener("click", () => { dlg.close(); dlg.remove(); });
+        yes.addEventListener("click", () => {
+          form.dataset.confirmed = "1";
+          const flag = document.createElement("input");
+          flag.type = "hidden"; flag.name = "confirmed"; flag.value = "1";
+          form.append(flag);
+          dlg.close(); dlg.remove();
+          form.requestSubmit();
+        });
+        dlg.showModal();
+        no.focus();
+      });
+    }
+  }
+
+  // Numbers as the server prints them: 3 significant digits, thousands separated.
+  function fmt(x) {
+    if (x === null || x === undefined || !isFinite(x)) return "-";
+    if (Number.isInteger(x) && Math.abs(x) >= 1) return x.toLocaleString("en-US");
+    const a = Math.abs(x);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return x.toExponential(2);
+    return Number(x.toPrecision(3)).toLocaleString("en-US", { maximumSignificantDigits: 3 });
+  }
+
+  document.addEventListener("DOMContentLoaded", confirmForms);
+  return { csrf, post, getJSON, fmt };
+})();

@@ -1,0 +1,39 @@
+"""Helpers for the dashboard's tests: sign a client in through the real sign-in form of a real pod."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from tests.jobs.pods import Pod
+
+
+def hidden(html: str, name: str) -> str:
+    """The value of the hidden form field ``name`` on a page."""
+    m = re.search(rf'name="{re.escape(name)}" value="([^"]*)"', html)
+    assert m, f"no hidden field {name!r} on the page"
+    return m.group(1)
+
+
+def sign_in(pod: Pod, token: str | None = None) -> httpx.Client:
+    """An httpx client holding a dashboard session of ``token``'s user (the admin by default); close it after."""
+    c = httpx.Client(base_url=pod.url, follow_redirects=False, timeout=30, trust_env=False)
+    form = c.get("/ui/login", params={"next": "/ui/"})
+    assert form.status_code == 200, form.text
+    r = c.post("/ui/login", data={"csrf": hidden(form.text, "csrf"), "next": "/ui/", "token": token or pod.token})
+    assert r.status_code == 303, r.text
+    assert "deskpod_session" in c.cookies
+    return c
+
+
+def csrf_of(client: httpx.Client, path: str = "/ui/jobs") -> str:
+    """The session's CSRF token, read off a page as a form would."""
+    r = client.get(path)
+    assert r.status_code == 200, r.text
+    return hidden(r.text, "csrf")
+
+
+def new_user(pod: Pod, name: str, admin: bool = False) -> str:
+    """Create a user through the API; returns its token."""
+    return str(pod.client().add_user(name, admin)["token"])
