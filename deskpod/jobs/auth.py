@@ -63,8 +63,8 @@ def new_session(store: Store, user: User, now: float, hours: float = SESSION_HOU
     return session, csrf
 
 
-def session_user(store: Store, session: str | None, now: float) -> tuple[User, str] | None:
-    """(user, CSRF token) of a live session cookie, or None (no cookie, unknown, expired)."""
+def session_user(store: Store, session: str | None, now: float) -> tuple[User, str, float] | None:
+    """(user, CSRF token, expiry) of a live session cookie, or None (no cookie, unknown, expired)."""
     if not session:
         return None
     return store.session(hash_token(session), now)

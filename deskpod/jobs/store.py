@@ -7,8 +7,9 @@ possibly the last commits on a power cut.
 
 One connection, one lock: the API threads and the daemon's loop take turns, which keeps every
 read-check-write (a state transition, a submission) atomic without SQLite's busy retries.
-``version`` counts committed writes, so a reader in the same process (the dashboard's live pages)
-can tell that nothing changed without taking the lock.
+``version`` counts committed writes, and `touched` says at which version each job was last written,
+so a reader in the same process (the dashboard's live pages) can tell that nothing changed, or that
+nothing changed *for one job*, without taking the lock.
 """
 
 from __future__ import annotations
@@ -158,13 +159,15 @@ class Store:
         self._db.executescript(SCHEMA)
         self.version = 0
         """Committed write transactions so far (in this process)."""
+        self._touched: dict[int, int] = {}
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, *jobs: int) -> Iterator[sqlite3.Connection]:
+        """One write transaction; ``jobs`` are the jobs it may change (for `touched`)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -174,6 +177,14 @@ class Store:
                 raise
             self._db.execute("COMMIT")
             self.version += 1
+            if len(self._touched) > 100_000:
+                self._touched.clear()  # readers then see version 0 != theirs and read once more
+            for j in jobs:
+                self._touched[j] = self.version
+
+    def touched(self, job_id: int) -> int:
+        """The store version of the last write to this job in this process (0: none seen)."""
+        return self._touched.get(job_id, 0)
 
     # users and tokens --------------------------------------------------------------------------
     def add_user(self, name: str, admin: bool) -> bool:
@@ -210,15 +221,15 @@ class Store:
             db.execute("DELETE FROM sessions WHERE expires <= ?", (now,))
             db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", (session_hash, user, csrf, now, expires))
 
-    def session(self, session_hash: str, now: float) -> tuple[User, str] | None:
-        """(user, CSRF token) of a live session, or None when unknown or expired."""
+    def session(self, session_hash: str, now: float) -> tuple[User, str, float] | None:
+        """(user, CSRF token, expiry) of a live session, or None when unknown or expired."""
         with self._lock:
             r = self._db.execute(
-                "SELECT u.name, u.admin, s.csrf FROM sessions s JOIN users u ON u.name = s.user"
+                "SELECT u.name, u.admin, s.csrf, s.expires FROM sessions s JOIN users u ON u.name = s.user"
                 " WHERE s.hash = ? AND s.expires > ?",
                 (session_hash, now),
             ).fetchone()
-        return None if r is None else (User(r["name"], bool(r["admin"])), str(r["csrf"]))
+        return None if r is None else (User(r["name"], bool(r["admin"])), str(r["csrf"]), float(r["expires"]))
 
     def end_session(self, session_hash: str) -> None:
         with self._tx() as db:
@@ -237,6 +248,7 @@ class Store:
             job_id = int(cur.lastrowid or 0)
             db.execute("INSERT INTO events VALUES (?, ?, NULL, ?, ?)", (job_id, now, "queued", f"submitted by {user}"))
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        self._touched[job_id] = self.version
         return _record(row)
 
     def job(self, job_id: int) -> JobRecord | None:
@@ -299,7 +311,7 @@ class Store:
         bad = set(fields) - MUTABLE
         if bad:
             raise ValueError(f"not a mutable job field: {sorted(bad)}")
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is None:
                 return False
@@ -324,7 +336,7 @@ class Store:
             wanted = [s.value for s in expect]
             sql += f" AND state IN ({','.join('?' * len(wanted))})"
             args.extend(wanted)
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             return db.execute(sql, args).rowcount == 1
 
     def queue(self) -> list[tuple[int, int, int, str, float | None, str]]:
@@ -338,7 +350,7 @@ class Store:
 
     def note(self, job_id: int, text: str) -> None:
         """Add a history line without a state change (a re-adoption, a preemption request)."""
-        with self._tx() as db:
+        with self._tx(job_id) as db:
             row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
             if row is not None:
                 db.execute("INSERT INTO events VALUES (?, ?, ?, ?, ?)", (job_id, time.time(), row[0], row[0], text))
@@ -347,7 +359,7 @@ class Store:
         """Write wait reasons of queued jobs (the caller passes only those that changed)."""
         if not reasons:
             return
-        with self._tx() as db:
+        with self._tx(*reasons) as db:
             db.executemany(
                 "UPDATE jobs SET reason = ? WHERE id = ? AND state = 'queued'", [(r, i) for i, r in reasons.items()]
             )

@@ -32,6 +32,7 @@ from deskpod.web.session import (
     Viewer,
     check_login_token,
     clear_session_cookie,
+    forget_session,
     form_csrf,
     login_token,
     login_url,
@@ -134,6 +135,7 @@ def _sign_in(app: FastAPI, web: Web) -> None:
         await form_csrf(request, who)
         if who.session is not None:
             auth.end_session(web.store, who.session)
+            forget_session(request, who.session)
         response = RedirectResponse(f"{ROOT}/login", status_code=303)
         clear_session_cookie(response)
         return response

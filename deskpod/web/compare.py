@@ -20,7 +20,7 @@ from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import render, stream
-from deskpod.web.jobpage import display, read_summary, resolved_config
+from deskpod.web.runinfo import display, read_summary, resolved_config
 from deskpod.web.session import Viewer, viewer
 
 Signed = Annotated[Viewer, Depends(viewer)]

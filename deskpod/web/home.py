@@ -15,6 +15,7 @@ it changed (``store.version``), so polling never queues behind the scheduler.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -44,14 +45,20 @@ def sampler(web: Any) -> UsageSampler:
     return got  # type: ignore[no-any-return]
 
 
-def pod_status(web: Any) -> dict[str, Any]:
-    """`Pod.status` (holders and counts), re-read only when the store has changed since."""
-    version = web.store.version
+STATUS_MAX_AGE_S = 1.0
+"""While the store keeps changing (a busy queue), the holders are re-read at most this often."""
+
+
+def pod_status(web: Any, max_age_s: float = 0.0) -> dict[str, Any]:
+    """`Pod.status` (holders and counts): reused while the store is unchanged, and for up to ``max_age_s``
+    while it changes — the polls pass `STATUS_MAX_AGE_S`, so any number of open pages costs at most one
+    read a second; a page load passes 0 and sees the store as it is."""
+    version, now = web.store.version, time.monotonic()
     hit = web.cache.get(STATUS)
-    if hit is not None and hit[0] == version:
+    if hit is not None and (hit[0] == version or now - hit[2] < max_age_s):
         return hit[1]  # type: ignore[no-any-return]
     got: dict[str, Any] = web.pod.status()
-    web.cache[STATUS] = (version, got)
+    web.cache[STATUS] = (version, got, now)
     return got
 
 
@@ -155,10 +162,10 @@ def topology_summary(web: Any, topology: Topology) -> dict[str, Any]:
     return summary
 
 
-def usage_data(web: Any, who: Viewer) -> dict[str, Any]:
+def usage_data(web: Any, who: Viewer, max_age_s: float = 0.0) -> dict[str, Any]:
     """What the page's script polls: live figures, the devices' holders, the queue counts."""
     usage = sampler(web).latest()
-    status = pod_status(web)
+    status = pod_status(web, max_age_s)
     devices = device_rows(web, who, status, usage)
     return {"usage": usage.to_json(), "devices": devices, "counts": counts(status, devices)}
 
@@ -188,4 +195,4 @@ def register(app: FastAPI, web: Any) -> None:
 
     @app.get("/pod/usage.json")
     def usage(who: Signed) -> Response:
-        return JSONResponse(usage_data(web, who), headers={"Cache-Control": "no-store"})
+        return JSONResponse(usage_data(web, who, STATUS_MAX_AGE_S), headers={"Cache-Control": "no-store"})

@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
-import tomllib
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -31,93 +27,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord
-from deskpod.train.runs import RunPaths, checkpoint_step, list_checkpoints
+from deskpod.train.runs import RunPaths
 from deskpod.web import logs, render, stacks, stream
 from deskpod.web.joblist import progress
-from deskpod.web.series import KINDS, Series
+from deskpod.web.runinfo import checkpoints, read_summary, resolved_config
+from deskpod.web.series import KINDS
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
 
 Signed = Annotated[Viewer, Depends(viewer)]
-
-
-def display(value: Any) -> str:
-    """A config value as text: JSON, so ``"1"`` and ``1`` look different."""
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: every leaf of a TOML table under its dotted key."""
-    out: dict[str, Any] = {}
-    for k, v in table.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, f"{key}."))
-        else:
-            out[key] = v
-    return out
-
-
-def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
-    """A train job's configuration: the run's resolved ``config.toml``, or what was submitted before the
-    run resolved it. ``{"source", "values": {dotted key: value}, "items": [[key, value as text]]}``, with
-    ``"error"`` for an unreadable file."""
-    if job.spec.train is None:
-        return None
-    run = web.run_dir(job)
-    path = None if run is None else RunPaths(run).config
-    if path is not None and path.is_file():
-        try:
-            with open(path, "rb") as f:
-                return _config("config.toml", flatten(tomllib.load(f)))
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            return {**_config("config.toml", {}), "error": f"cannot read config.toml: {e}"}
-    return _config("the submitted spec (the run has not resolved it yet)", flatten(job.spec.train))
-
-
-def _config(source: str, values: dict[str, Any]) -> dict[str, Any]:
-    return {"source": source, "values": values, "items": [[k, display(values[k])] for k in sorted(values)]}
-
-
-def read_summary(run: Path | None) -> dict[str, Any] | None:
-    """``summary.json`` of a run that finished (None before), with non-finite numbers as None."""
-    if run is None:
-        return None
-    try:
-        data = json.loads((run / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
-
-
-def checkpoints(run: Path, s: Series) -> list[dict[str, Any]]:
-    """The run's checkpoints, each with the train loss at its step and the latest validation at or before it."""
-    out = []
-    for p in list_checkpoints(run):
-        step = checkpoint_step(p)
-        try:
-            st = p.stat()
-        except OSError:  # deleted meanwhile (the trainer keeps the latest few)
-            continue
-        assert step is not None
-        loss = s.at("train", "loss", step)
-        acc = s.at("val", "val_accuracy", step)
-        vloss = s.at("val", "val_loss", step)
-        out.append(
-            {
-                "file": p.name,
-                "step": step,
-                "size": st.st_size,
-                "time": st.st_mtime,
-                "loss": None if loss is None else loss[1],
-                "loss_step": None if loss is None else int(loss[0]),
-                "val_accuracy": None if acc is None else acc[1],
-                "val_loss": None if vloss is None else vloss[1],
-                "val_step": None if acc is None and vloss is None else int((acc or vloss or (0, 0))[0]),
-            }
-        )
-    return out
 
 
 def job_view(web: Any, job: JobRecord, max_points: int = stream.MAX_POINTS) -> dict[str, Any]:

@@ -124,6 +124,10 @@ class Series:
                     self.columns.setdefault(kind, Columns()).extend(recs)
             return cut > 0
 
+    def is_current(self, st: os.stat_result) -> bool:
+        """Whether this has read the file as ``st`` describes it (same inode, up to its size)."""
+        return self._inode == st.st_ino and self._offset == st.st_size
+
     def rows(self, kind: str = "train") -> int:
         c = self.columns.get(kind)
         return 0 if c is None else c.rows
@@ -223,6 +227,11 @@ class SeriesCache:
         self._lock = threading.Lock()
         self._files: dict[Path, Series] = {}
         self.max_files = max_files
+
+    def current(self, path: Path, st: os.stat_result) -> Series | None:
+        """The file's series if it has read everything up to ``st`` already (no refresh, no I/O); else None."""
+        s = self._files.get(path)
+        return s if s is not None and s.is_current(st) else None
 
     def get(self, path: Path) -> Series:
         """The file's series, refreshed (read up to its current end)."""

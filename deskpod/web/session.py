@@ -55,20 +55,40 @@ class Viewer:
         return None if self.user.admin else self.user.name
 
 
+SESSION_CACHE_S = 5.0
+"""A session read from the store answers from memory this long: a page's polls and streams then cost no
+store read (and no wait for the store's lock, which the scheduler holds while it works)."""
+
+
 def viewer(request: Request) -> Viewer:
     """The signed-in user, from the session cookie or a bearer token; `SignInRequired` otherwise."""
-    store: Store = request.app.state.web.store
+    web = request.app.state.web
+    store: Store = web.store
     cookie = request.cookies.get(COOKIE)
     if cookie:
-        found = auth.session_user(store, cookie, time.time())
+        now = time.time()
+        cache: dict[str, tuple[User, str, float, float]] = web.cache.setdefault("sessions", {})
+        hit = cache.get(cookie)
+        if hit is not None and now < hit[2] and now - hit[3] < SESSION_CACHE_S:
+            return Viewer(hit[0], hit[1], cookie)
+        found = auth.session_user(store, cookie, now)
         if found is not None:
+            if len(cache) > 10_000:
+                cache.clear()
+            cache[cookie] = (*found, now)
             return Viewer(found[0], found[1], cookie)
+        cache.pop(cookie, None)
     header = request.headers.get("authorization")
     if header:
         return Viewer(auth.authenticate(store, header), "", None)
     if cookie:
         raise SignInRequired("your session has expired; sign in again")
     raise SignInRequired("sign in with your pod token to see this page")
+
+
+def forget_session(request: Request, session: str) -> None:
+    """Drop a session from the memory of `viewer` (it was signed out)."""
+    request.app.state.web.cache.setdefault("sessions", {}).pop(session, None)
 
 
 def check_csrf(viewer: Viewer, sent: str | None) -> None:

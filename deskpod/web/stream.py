@@ -9,6 +9,8 @@
              rewritten (a resumed run drops the records past its checkpoint), or the client is far behind
     log      new text of the job's output.log, {"text", "offset"}; with "reset": true the client replaces
              its view by ``text`` (the log's tail: first connect, a truncated log, or too far behind)
+    run      the run's summary, checkpoints and resolved config as HTML, {"html": {container id: html}}:
+             on connect, and whenever a checkpoint, the config or the summary was written
     end      the job is final and everything was sent; the page closes its EventSource (which would
              otherwise reconnect)
 
@@ -17,8 +19,8 @@ got — so a reconnect (``Last-Event-ID``, or ``?cursor=`` from the page's own d
 stopped instead of starting over; a cursor from another file (its inode changed) gets a reset.
 
 Cheap enough for 50 tabs beside a busy scheduler: a connection polls at 4 Hz, and a tick costs two
-``stat`` calls and one integer compare (`Store.version`); the job is re-read only when the store
-changed (and then once for all connections, shared through ``web.cache``), metrics.jsonl is parsed
+``stat`` calls and one integer compare (`Store.touched`); the job is re-read only when the store
+wrote to it (and then once for all connections, shared through ``web.cache``), metrics.jsonl is parsed
 only when its size changed, once for every reader (`web.series`), and big reads go to a thread. A
 comment line every 15 s keeps proxies from closing an idle stream. The generator ends within a
 tick once the daemon shuts down (``pod.stopping``) or the client goes away.
@@ -27,6 +29,7 @@ tick once the daemon shuts down (``pod.stopping``) or the client goes away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -38,12 +41,15 @@ from typing import Any
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
-from deskpod.web import logs
+from deskpod.web import logs, runinfo
 from deskpod.web.series import KINDS, Series
 
 POLL_S = 0.25
+RUN_CHECK_S = 1.0
+"""How often a stream looks for new checkpoints, config or summary (they change rarely)."""
 HEARTBEAT_S = 15.0
-DISCONNECT_CHECK_S = 1.0
+DISCONNECT_CHECK_S = 5.0
+"""How often a stream asks whether its client left (a write to a gone client also ends it)."""
 MAX_POINTS = 2000
 """Points per series a chart starts with (the server downsamples longer runs to this)."""
 LOG_CHUNK = 1024 * 1024
@@ -103,6 +109,19 @@ def chart_points(s: Series, rows: dict[str, int], max_points: int = MAX_POINTS) 
     }
 
 
+def _reset(web: Any, s: Series, generation: int, rows: dict[str, int], max_points: int) -> dict[str, Any]:
+    """A reset's data, computed once for every tab that needs it at this position (tabs reconnecting
+    together after a daemon restart, or opened together)."""
+    key = ("reset", str(s.path), generation, max_points, *(rows[k] for k in KINDS))
+    memo: dict[tuple[Any, ...], dict[str, Any]] = web.cache.setdefault("stream.deltas", {})
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) > 1024:
+            memo.clear()
+        hit = memo[key] = {"series": chart_points(s, rows, max_points)}
+    return hit
+
+
 def is_final(job: JobRecord) -> bool:
     """Ended for good: succeeded or cancelled, or failed/lost with no retry left (a user may still requeue)."""
     return job.state in (JobState.SUCCEEDED, JobState.CANCELLED) or (job.state in FINAL and job.failures > job.retries)
@@ -132,13 +151,13 @@ def job_state(job: JobRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _cached_job(web: Any, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]] | None:
-    """What another stream of this job already read at store ``version`` (None: nobody has)."""
+    """What another stream of this job already read at its ``version`` (`Store.touched`; None: nobody has)."""
     hit = web.cache.setdefault("stream.jobs", {}).get(job_id)
     return (hit[1], hit[2]) if hit is not None and hit[0] == version else None
 
 
 def _read_job(web: Any, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]]:
-    """The job and its history at store ``version``, read once for every stream of that job."""
+    """The job and its history at its ``version`` (`Store.touched`), read once for every stream of that job."""
     cache: dict[int, tuple[int, JobRecord | None, list[dict[str, Any]]]] = web.cache.setdefault("stream.jobs", {})
     hit = _cached_job(web, job_id, version)
     if hit is not None:
@@ -192,9 +211,11 @@ class Follower:
     """One client's view of one job: what was sent, and what is new since."""
 
     def __init__(self, web: Any, job: JobRecord, cursor: Cursor | None, *, max_points: int = MAX_POINTS) -> None:
-        self.web, self.job_id, self.max_points = web, job.id, max_points
+        self.web, self.job, self.job_id, self.max_points = web, job, job.id, max_points
         run = web.run_dir(job)
+        self.run: Path | None = run
         self.metrics: Path | None = None if run is None else RunPaths(run).metrics
+        self._run_sig: tuple[int, ...] | None = None
         self.log = web.pod.job_folder(job) / "output.log"
         self.cursor = cursor or Cursor()
         self.version = -1
@@ -205,13 +226,22 @@ class Follower:
         self._generation = -1
 
     def event(self, name: str, data: Any) -> str:
-        body = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        bodies: dict[int, tuple[Any, str]] = self.web.cache.setdefault("stream.bodies", {})
+        hit = bodies.get(id(data))
+        if hit is not None and hit[0] is data:  # a shared delta (`_delta`): encoded once for every tab
+            body = hit[1]
+        else:
+            body = json.dumps(data, separators=(",", ":"), allow_nan=False)
+            if name in ("metrics", "reset"):
+                if len(bodies) > 1024:
+                    bodies.clear()
+                bodies[id(data)] = (data, body)
         return f"id: {self.cursor.encode()}\nevent: {name}\ndata: {body}\n\n"
 
     async def step(self) -> list[str]:
         """The events of one tick: state first (so a final job's files are read after it ended)."""
         out: list[str] = []
-        version = self.web.store.version
+        version = self.web.store.touched(self.job_id)  # changes only when this job was written
         if version != self.version:
             self.version = version
             got = _cached_job(self.web, self.job_id, version)  # the other tabs of this job read it already
@@ -226,15 +256,28 @@ class Follower:
                     out.append(self.event("state", head))
         if self.metrics is not None:
             out.extend(await self._metrics(self.metrics))
+        if self.run is not None:  # the job's `Watch` looks at the run's files once a second and wakes us
+            out.extend(await self._run(self.run))
         out.extend(await self._log())
         return out
+
+    async def _run(self, run: Path) -> list[str]:
+        sig = runinfo.signature(run)  # three stat calls
+        if sig == self._run_sig or self.metrics is None:
+            return []
+        self._run_sig = sig
+        s = await asyncio.to_thread(self.web.series.get, self.metrics)
+        html = await asyncio.to_thread(runinfo.parts, self.web, self.job, run, s)
+        return [self.event("run", {"html": html})]
 
     async def _metrics(self, path: Path) -> list[str]:
         st = _stat(path)
         sig = None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
         if sig == self._metrics_sig:
             return []
-        s: Series = await asyncio.to_thread(self.web.series.get, path)
+        # Another tab of this run has usually read the new rows already: then no thread hop, no I/O.
+        ready = None if st is None else self.web.series.current(path, st)
+        s: Series = ready if ready is not None else await asyncio.to_thread(self.web.series.get, path)
         gen = s.generation
         rows = {k: s.rows(k) for k in KINDS}
         inode = 0 if st is None else st.st_ino
@@ -247,14 +290,9 @@ class Follower:
             or new > self.max_points
         )
         if reset:
-            name, data = "reset", {"series": chart_points(s, rows, self.max_points)}
+            name, data = "reset", _reset(self.web, s, gen, rows, self.max_points)
         else:
-            pts = {
-                series_id(kind, key): s.points(kind, key, start=c.rows.get(kind, 0), end=rows[kind])
-                for kind, key in CHARTED
-                if rows[kind] > c.rows.get(kind, 0)
-            }
-            name, data = "metrics", {"series": {k: v for k, v in pts.items() if v}}
+            name, data = "metrics", _delta(self.web, s, gen, c.rows, rows)
         if s.generation != gen:  # rewritten while we read: look again next tick
             self._metrics_sig = False
             return []
@@ -284,6 +322,23 @@ class Follower:
         return [self.event("log", {"text": chunk[:keep].decode("utf-8", "replace"), "offset": c.log})]
 
 
+def _delta(web: Any, s: Series, generation: int, start: dict[str, int], end: dict[str, int]) -> dict[str, Any]:
+    """The new points between two positions of a run's metrics, computed once for every tab at ``start``."""
+    key = (str(s.path), generation, *(start.get(k, 0) for k in KINDS), *(end[k] for k in KINDS))
+    memo: dict[tuple[Any, ...], dict[str, Any]] = web.cache.setdefault("stream.deltas", {})
+    hit = memo.get(key)
+    if hit is None:
+        pts = {
+            series_id(kind, k): s.points(kind, k, start=start.get(kind, 0), end=end[kind])
+            for kind, k in CHARTED
+            if end[kind] > start.get(kind, 0)
+        }
+        if len(memo) > 1024:
+            memo.clear()
+        hit = memo[key] = {"series": {k: v for k, v in pts.items() if v}}
+    return hit
+
+
 def _read(path: Path, offset: int, n: int) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -297,6 +352,70 @@ async def _aread(path: Path, offset: int, n: int) -> bytes:
     return _read(path, offset, n)
 
 
+class Watch:
+    """One poller per watched job, shared by all of its streams: every ``poll_s`` it looks at the job's
+    store entry (`Store.touched`) and its files (two ``stat`` calls; the run's checkpoints, config and
+    summary once a second) and wakes the streams when something changed. A stream costs nothing between
+    changes, however many tabs are open; the poller ends with its last stream."""
+
+    def __init__(self, web: Any, job: JobRecord, poll_s: float) -> None:
+        self.web, self.job_id, self.poll_s = web, job.id, poll_s
+        run = web.run_dir(job)
+        self.run: Path | None = run
+        self.files = [p for p in (None if run is None else RunPaths(run).metrics, web.pod.job_folder(job) / "output.log")
+                      if p is not None]  # fmt: skip
+        self.streams = 0
+        self.generation = 0
+        """Counts the changes seen: a stream that has handled generation g waits only if nothing came since."""
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def join(self) -> None:
+        self.streams += 1
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._loop())
+
+    def leave(self) -> None:
+        self.streams -= 1
+
+    async def wait(self, seen: int, timeout: float) -> None:
+        """Until a change after generation ``seen`` (at once if one came already), or ``timeout`` seconds."""
+        if self.generation != seen:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout)
+
+    def _wake(self) -> None:
+        self.generation += 1
+        event, self.changed = self.changed, asyncio.Event()
+        event.set()
+
+    async def _loop(self) -> None:
+        stopping = self.web.pod.stopping
+        last: tuple[Any, ...] | None = None
+        run_sig: tuple[int, ...] = ()
+        run_checked = -RUN_CHECK_S
+        while self.streams > 0 and not stopping.is_set():
+            now = time.monotonic()
+            if self.run is not None and now - run_checked >= RUN_CHECK_S:
+                run_checked, run_sig = now, runinfo.signature(self.run)
+            stats = tuple((st.st_ino, st.st_size, st.st_mtime_ns) if (st := _stat(p)) else None for p in self.files)
+            sig = (self.web.store.touched(self.job_id), stats, run_sig)
+            if sig != last:
+                last = sig
+                self._wake()
+            await asyncio.sleep(self.poll_s)
+        self._wake()  # shutting down (or no stream left): nobody waits for ever
+
+
+def _watch(web: Any, job: JobRecord, poll_s: float) -> Watch:
+    watches: dict[int, Watch] = web.cache.setdefault("stream.watches", {})
+    w = watches.get(job.id)
+    if w is None or (w.streams <= 0 and w._task is not None and w._task.done()):
+        w = watches[job.id] = Watch(web, job, poll_s)
+    return w
+
+
 async def job_events(
     web: Any,
     job: JobRecord,
@@ -308,24 +427,32 @@ async def job_events(
 ) -> AsyncIterator[str]:
     """The event stream of one job for one client (see the module docstring)."""
     follower = Follower(web, job, cursor)
+    watch = _watch(web, job, poll_s)
+    watch.join()
     stopping = web.pod.stopping
-    yield "retry: 2000\n\n"
-    last_sent = last_check = time.monotonic()
-    while not stopping.is_set():
-        events = await follower.step()
-        for e in events:
-            yield e
-        now = time.monotonic()
-        if events:
-            last_sent = now
-        elif follower.final:  # nothing new after the job ended: everything was sent
-            yield follower.event("end", {"state": (follower.header or {}).get("state")})
-            return
-        if now - last_sent >= heartbeat_s:
-            yield ": keep-alive\n\n"
-            last_sent = now
-        if now - last_check >= DISCONNECT_CHECK_S:
-            last_check = now
-            if await disconnected():
+    try:
+        yield "retry: 2000\n\n"
+        last_sent = last_check = time.monotonic()
+        while not stopping.is_set():
+            seen = watch.generation
+            events = await follower.step()
+            if events:
+                yield "".join(events)  # one write per wake-up, however many events
+            now = time.monotonic()
+            if events:
+                last_sent = now
+                continue  # step again at once: the rest of a long log, or the end of a job that just ended
+            if follower.final:  # nothing new after the job ended: everything was sent
+                yield follower.event("end", {"state": (follower.header or {}).get("state")})
                 return
-        await asyncio.sleep(poll_s)
+            if now - last_sent >= heartbeat_s:
+                yield ": keep-alive\n\n"
+                last_sent = now
+            if now - last_check >= DISCONNECT_CHECK_S:
+                last_check = now
+                if await disconnected():
+                    return
+            # Until the job's poller sees a change; at the latest when the next check is due.
+            await watch.wait(seen, max(0.05, min(last_sent + heartbeat_s, last_check + DISCONNECT_CHECK_S) - now))
+    finally:
+        watch.leave()

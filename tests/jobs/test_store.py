@@ -41,7 +41,7 @@ def test_sessions_expire_and_end(tmp_path: Path) -> None:
     store = _store(tmp_path)
     alice = User("alice", False)
     session, csrf = auth.new_session(store, alice, now=100.0, hours=1.0)
-    assert auth.session_user(store, session, 100.0 + 3599) == (alice, csrf)
+    assert auth.session_user(store, session, 100.0 + 3599) == (alice, csrf, 100.0 + 3600)
     assert auth.session_user(store, session, 100.0 + 3600) is None  # expired
     assert auth.session_user(store, "not-a-session", 100.0) is None
     assert auth.session_user(store, None, 100.0) is None

@@ -162,19 +162,29 @@ def test_a_catalog_machine_gets_no_live_figures_from_this_boxs_gpus() -> None:
     assert rows[0]["kind"] == "cuda" and rows[0]["name"] == "Tesla V100-SXM2-32GB"
 
 
-def test_pod_status_is_reread_only_when_the_store_changed() -> None:
+def test_pod_status_is_reread_when_the_store_changed_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     store = SimpleNamespace(version=3)
+    clock = [100.0]
+    monkeypatch.setattr("deskpod.web.home.time.monotonic", lambda: clock[0])
 
     def status() -> dict[str, Any]:
         calls.append(store.version)
         return status_of(2, {})
 
     web = SimpleNamespace(store=store, pod=SimpleNamespace(status=status), cache={})
-    first = pod_status(web)
-    assert all(pod_status(web) is first for _ in range(50)) and calls == [3]
+    first = pod_status(web, 1.0)
+    clock[0] += 60.0
+    assert all(pod_status(web, 1.0) is first for _ in range(50)) and calls == [3]  # unchanged: never re-read
     store.version = 4
-    assert pod_status(web) is not first and calls == [3, 4]
+    assert pod_status(web, 1.0) is not first and calls == [3, 4]
+    for _ in range(50):  # a busy store, 50 polls within the second: no read
+        store.version += 1
+        clock[0] += 0.01
+        pod_status(web, 1.0)
+    assert calls == [3, 4]
+    pod_status(web)  # a page load sees the store as it is
+    assert calls == [3, 4, store.version]
 
 
 # ---------------------------------------------------------------------------------------------- a real daemon

@@ -26,7 +26,7 @@ from deskpod.plan.workload import Workload
 from deskpod.train.config import build_config
 from deskpod.web import launch
 from deskpod.web.networks import count, model_cost
-from tests.jobs.pods import Pod, Pods, wait_state
+from tests.jobs.pods import Pod, Pods, wait_for, wait_state
 from tests.web.browser import hidden, sign_in
 
 STEP3 = {"data": "fashion-mnist", "model": "convnet", "steps": "60", "batch_size": "32"}
@@ -198,9 +198,9 @@ def test_preview_has_placement_ring_cli_and_curl(pod: Pod, admin: httpx.Client) 
                                      "optimizer": "adamw"}, "devices": 1}  # fmt: skip
     if n < 2:
         return
+    api = pod.client()
+    wait_for(lambda: all(d["job"] is None for d in api.status()["devices"]), 30, "every device to be free")
     every = admin.get("/ui/new/preview.json", params={**STEP3, "devices": "all"}).json()["placement"]
-    if every["devices"] is None:
-        pytest.skip(f"not every device is free now: {every['text']}")
     assert every["ring"]["bandwidth"] == build_rings(local_topology(), every["devices"]).bandwidth > 0
     named = admin.get("/ui/new/preview.json", params={**STEP3, "devices": "1,0"}).json()
     assert named["spec"]["devices"] == 2 and "you named 1, 0, so it asks for 2" in named["placement"]["note"]

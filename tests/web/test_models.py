@@ -258,7 +258,7 @@ def test_try_an_upload_gives_the_models_own_probabilities(admin: httpx.Client, s
     """An 8x8 grayscale PNG needs no resizing: the page's probabilities must be the model's own."""
     import torch
 
-    from deskpod.train.runs import load_model
+    from deskpod.train.checkpoint import load_model
 
     pixels = (np.arange(64, dtype=np.uint8).reshape(8, 8) * 4).astype(np.uint8)
     token = csrf_of(admin, f"/ui/models/{served}/try")

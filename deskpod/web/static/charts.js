@@ -29,14 +29,15 @@ const deskpodCharts = (() => {
     return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
   }
 
-  // About `count` round tick values over [lo, hi]; with `widen` the range grows to whole steps.
-  function ticks(lo, hi, count, widen) {
+  // About `count` round tick values over [lo, hi]; with `widen` the range grows to whole steps;
+  // `minStep` keeps ticks apart (steps are whole numbers: never a tick at 119.5).
+  function ticks(lo, hi, count, widen, minStep = 0) {
     if (!(hi > lo)) {
       const d = Math.abs(lo) * 0.1 || 1;
       lo -= d;
       hi += d;
     }
-    const step = niceStep(hi - lo, count);
+    const step = Math.max(minStep, niceStep(hi - lo, count));
     if (widen) {
       lo = Math.floor(lo / step + 1e-9) * step;
       hi = Math.ceil(hi / step - 1e-9) * step;
@@ -276,7 +277,7 @@ const deskpodCharts = (() => {
         xhi += 1;
       }
       const yt = ticks(ylo, yhi, Math.max(2, Math.floor(ph / 42)), true);
-      const xt = ticks(xlo, xhi, Math.max(2, Math.floor(pw / 90)), false);
+      const xt = ticks(xlo, xhi, Math.max(2, Math.floor(pw / 90)), false, 1);
       const X = (x) => M.left + ((x - xlo) / (xhi - xlo)) * pw;
       const Y = (y) => M.top + ph - ((y - yt.lo) / (yt.hi - yt.lo)) * ph;
       this.frame = { xlo, xhi, pw };
@@ -303,7 +304,7 @@ const deskpodCharts = (() => {
         const x = Math.round(X(v)) + 0.5;
         ctx.moveTo(x, M.top + ph);
         ctx.lineTo(x, M.top + ph + 4);
-        const text = tickLabel(v, Math.max(1, xt.step), "");
+        const text = tickLabel(v, xt.step, "");
         const half = ctx.measureText(text).width / 2;
         ctx.fillText(text, Math.min(Math.max(x, half + 2), w - half - 2), M.top + ph + 7);
       }

@@ -135,6 +135,13 @@
       const d = JSON.parse(ev.data);
       for (const [id, targets] of lines) for (const [chart, i] of targets) chart.setPoints(i, d.series[id] || []);
     });
+    es.addEventListener("run", (ev) => {
+      // The run's summary, checkpoints and config, rendered (and escaped) by the server's templates.
+      for (const [id, html] of Object.entries(JSON.parse(ev.data).html)) {
+        const box = $(id);
+        if (box) box.innerHTML = html;
+      }
+    });
     es.addEventListener("log", (ev) => {
       const d = JSON.parse(ev.data);
       appendLog(d.text, d.reset);
