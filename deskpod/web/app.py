@@ -100,10 +100,10 @@ def mount(api: FastAPI, pod: Pod) -> None:
 
 def _sign_in(app: FastAPI, web: Web) -> None:
     @app.get("/login")
-    def login_page(request: Request, next: str | None = None) -> Response:
+    async def login_page(request: Request, next: str | None = None) -> Response:
         target = safe_next(next)
         try:
-            viewer(request)
+            await viewer(request)
             return RedirectResponse(target, status_code=303)  # signed in already
         except DeskpodError:
             pass
@@ -152,11 +152,11 @@ def _login_form(request: Request, target: str, error: str, *, status: int) -> Re
 
 
 def _errors(app: FastAPI) -> None:
-    def answer(request: Request, status: int, message: str) -> Response:
+    async def answer(request: Request, status: int, message: str) -> Response:
         if status == 401:
             return _to_sign_in(request, message)
         try:
-            who = viewer(request)
+            who = await viewer(request)
         except DeskpodError as e:
             return _to_sign_in(request, str(e))  # anonymous: the sign-in page (or 401), never an error's details
         if render.wants_json(request) or request.headers.get("accept", "") == "text/event-stream":
@@ -166,7 +166,7 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(DeskpodError)
     async def _deskpod_error(request: Request, e: DeskpodError) -> Response:
-        return answer(request, status_of(e), str(e))
+        return await answer(request, status_of(e), str(e))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError) -> Response:
@@ -174,16 +174,16 @@ def _errors(app: FastAPI) -> None:
         for err in e.errors()[:3]:
             where = ".".join(str(x) for x in err.get("loc", ()) if x not in ("query", "path", "body"))
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
-        return answer(request, 400, "bad request: " + "; ".join(parts))
+        return await answer(request, 400, "bad request: " + "; ".join(parts))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> Response:
         message = "no such page" if e.status_code == 404 else str(e.detail)
-        return answer(request, e.status_code, message)
+        return await answer(request, e.status_code, message)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception) -> Response:  # Starlette logs the traceback after this
-        return answer(request, 500, f"internal error: {type(e).__name__}: {e}")
+        return await answer(request, 500, f"internal error: {type(e).__name__}: {e}")
 
 
 def _to_sign_in(request: Request, message: str) -> Response:

@@ -15,11 +15,13 @@ it changed (``store.version``), so polling never queues behind the scheduler.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from deskpod.hardware.summary import describe
 from deskpod.hardware.topology import Topology
@@ -35,6 +37,7 @@ POLL_MS = 2000
 SAMPLER = "home.sampler"
 STATUS = "home.status"
 SUMMARY = "home.topology"
+ANSWERS = "home.usage_answers"
 
 
 def sampler(web: Any) -> UsageSampler:
@@ -194,5 +197,12 @@ def register(app: FastAPI, web: Any) -> None:
         return render.page(request, "home.html", data, who, title="Pod", extra=extra)
 
     @app.get("/pod/usage.json")
-    def usage(who: Signed) -> Response:
-        return JSONResponse(usage_data(web, who, STATUS_MAX_AGE_S), headers={"Cache-Control": "no-store"})
+    async def usage(who: Signed) -> Response:
+        """The poll of every open Pod page: one answer per user and second, served from memory to the rest."""
+        key, now = (who.user.name, who.user.admin), time.monotonic()
+        answers: dict[tuple[str, bool], tuple[float, bytes]] = web.cache.setdefault(ANSWERS, {})
+        hit = answers.get(key)
+        if hit is None or now - hit[0] >= STATUS_MAX_AGE_S:
+            data = await run_in_threadpool(usage_data, web, who, STATUS_MAX_AGE_S)
+            hit = answers[key] = (now, json.dumps(data, separators=(",", ":")).encode())
+        return Response(hit[1], media_type="application/json", headers={"Cache-Control": "no-store"})

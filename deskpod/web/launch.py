@@ -321,7 +321,8 @@ def prediction(
     where = f"machine {machine} (the pod runs as it)" if machine else f"this box as calibrated on {cal.when}"
     out["message"] = (
         f"{render.number(epochs)} epoch{'s' if epochs != 1 else ''} of {summary['train_size']:,} images at "
-        f"{precision}, {k} device{'s' if k != 1 else ''} × {batch}: the plan for {where}."
+        f"{precision}, {k} device{'s' if k != 1 else ''} × {batch}: the plan for {where}. Starting the workers "
+        "and loading the data come on top."
     )
     return out
 

@@ -21,6 +21,7 @@ from urllib.parse import quote, urlsplit
 
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from deskpod.errors import AccessError, AuthError
 from deskpod.jobs import auth
@@ -60,17 +61,40 @@ SESSION_CACHE_S = 5.0
 store read (and no wait for the store's lock, which the scheduler holds while it works)."""
 
 
-def viewer(request: Request) -> Viewer:
-    """The signed-in user, from the session cookie or a bearer token; `SignInRequired` otherwise."""
-    web = request.app.state.web
-    store: Store = web.store
+async def viewer(request: Request) -> Viewer:
+    """The signed-in user, from the session cookie or a bearer token; `SignInRequired` otherwise.
+
+    A session seen in the last `SESSION_CACHE_S` answers from memory, on the event loop; anything else
+    reads the store in a worker thread (the store's lock may be busy with the scheduler)."""
+    known = _remembered(request)
+    if known is not None:
+        return known
+    return await run_in_threadpool(_look_up, request)
+
+
+def _remembered(request: Request) -> Viewer | None:
+    cookie = request.cookies.get(COOKIE)
+    if not cookie:
+        return None
+    hit = _sessions(request).get(cookie)
+    now = time.time()
+    if hit is not None and now < hit[2] and now - hit[3] < SESSION_CACHE_S:
+        return Viewer(hit[0], hit[1], cookie)
+    return None
+
+
+def _sessions(request: Request) -> dict[str, tuple[User, str, float, float]]:
+    """Sessions read lately: cookie -> (user, CSRF token, expiry, when read)."""
+    cache: dict[str, tuple[User, str, float, float]] = request.app.state.web.cache.setdefault("sessions", {})
+    return cache
+
+
+def _look_up(request: Request) -> Viewer:
+    store: Store = request.app.state.web.store
     cookie = request.cookies.get(COOKIE)
     if cookie:
         now = time.time()
-        cache: dict[str, tuple[User, str, float, float]] = web.cache.setdefault("sessions", {})
-        hit = cache.get(cookie)
-        if hit is not None and now < hit[2] and now - hit[3] < SESSION_CACHE_S:
-            return Viewer(hit[0], hit[1], cookie)
+        cache = _sessions(request)
         found = auth.session_user(store, cookie, now)
         if found is not None:
             if len(cache) > 10_000:
@@ -88,7 +112,7 @@ def viewer(request: Request) -> Viewer:
 
 def forget_session(request: Request, session: str) -> None:
     """Drop a session from the memory of `viewer` (it was signed out)."""
-    request.app.state.web.cache.setdefault("sessions", {}).pop(session, None)
+    _sessions(request).pop(session, None)
 
 
 def check_csrf(viewer: Viewer, sent: str | None) -> None:

@@ -1,8 +1,10 @@
-"""Helpers for the dashboard's tests: sign a client in through the real sign-in form of a real pod."""
+"""Helpers for the dashboard's tests: sign a client in through the real sign-in form of a real pod, and
+start Debian's Chromium the way these machines allow it."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 
@@ -37,3 +39,14 @@ def csrf_of(client: httpx.Client, path: str = "/ui/jobs") -> str:
 def new_user(pod: Pod, name: str, admin: bool = False) -> str:
     """Create a user through the API; returns its token."""
     return str(pod.client().add_user(name, admin)["token"])
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]  # fmt: skip
+"""Headless as root (no sandbox), and no calls home: this machine reaches no other host."""
+
+
+def launch_chromium(playwright: Any) -> Any:
+    """Debian's Chromium under Playwright (no browser download)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

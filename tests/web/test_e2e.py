@@ -25,11 +25,7 @@ import pytest
 from deskpod.hardware.placement import local_topology
 from deskpod.plan.local import Measurements, fit_local, save
 from tests.jobs.pods import Pod, Pods, python_job, wait_state
-from tests.web.browser import new_user
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]  # fmt: skip
+from tests.web.browser import CHROMIUM, launch_chromium, new_user
 
 # This box as `deskpod plan calibrate` measured it (docs/benchmarks.md, "deskpod plan calibrate on this box",
 # run 1): a recorded real measurement, so the New training page shows a predicted time.
@@ -59,7 +55,7 @@ def browser(pod: Pod) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = launch_chromium(p)
         yield b
         b.close()
 

@@ -22,7 +22,7 @@ from deskpod.web.home import device_rows, pod_status
 from deskpod.web.session import Viewer
 from deskpod.web.topology_svg import link_class, link_counts, nic_groups, nvlink_total, render_svg
 from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for, wait_state
-from tests.web.browser import new_user, sign_in
+from tests.web.browser import launch_chromium, new_user, sign_in
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -278,11 +278,7 @@ def test_the_page_updates_in_place_in_chromium(web_pod: Pod, tmp_path: Path) -> 
 
     api = web_pod.client()
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
+        browser = launch_chromium(p)
         try:
             page = browser.new_page()
             errors: list[str] = []

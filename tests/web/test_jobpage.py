@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_state
-from tests.web.browser import csrf_of, new_user, sign_in
+from tests.web.browser import csrf_of, launch_chromium, new_user, sign_in
 
 BLOCKER = """
 import time
@@ -370,10 +370,8 @@ def test_the_chart_gains_a_point_in_chromium(web_pod: Pod, blocker: dict[str, An
             time.sleep(0.05)
         raise AssertionError(f"timed out waiting for {script}")
 
-    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"]  # fmt: skip
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=args)
+        browser = launch_chromium(p)
         try:
             page = browser.new_page()
             errors: list[str] = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,25 +25,16 @@ from deskpod.plan.workload import Workload
 from deskpod.train.config import build_config
 from deskpod.web import launch
 from deskpod.web.networks import count, model_cost
-from tests.jobs.pods import Pod, Pods, wait_for, wait_state
-from tests.web.browser import hidden, sign_in
+from tests.jobs.pods import Pod, wait_for, wait_state
+from tests.web.browser import hidden, launch_chromium
 
 STEP3 = {"data": "fashion-mnist", "model": "convnet", "steps": "60", "batch_size": "32"}
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
-    """A pod of its own: the tests write its calibration into its home."""
-    pods = Pods(tmp_path_factory.mktemp("launch"))
-    yield pods()
-    pods.stop_all()
-
-
-@pytest.fixture
-def admin(pod: Pod) -> Iterator[httpx.Client]:
-    c = sign_in(pod)
-    yield c
-    c.close()
+def pod(web_pod: Pod) -> Pod:
+    """This module's pod (conftest's ``web_pod``); the tests write its calibration into its home."""
+    return web_pod
 
 
 def _devices(pod: Pod) -> int:
@@ -421,11 +411,7 @@ def test_the_preview_follows_the_fields_in_chromium(pod: Pod) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"],
-        )  # fmt: skip
+        browser = launch_chromium(p)
         try:
             page = browser.new_page()
             errors: list[str] = []

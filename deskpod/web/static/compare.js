@@ -5,13 +5,7 @@
   const holder = document.getElementById("compare-data");
   if (!holder) return;
   const data = JSON.parse(holder.textContent);
-  let marked = false;
-  const onDraw = () => {
-    if (!marked) {
-      marked = true;
-      performance.mark("deskpod:first-chart");
-    }
-  };
+  const onDraw = deskpodCharts.markFirstDraw;
   for (const c of data.charts || []) {
     const fig = document.getElementById("chart-" + c.id);
     if (fig) new deskpodCharts.Chart(fig, { title: c.title, unit: c.unit, series: c.series, onDraw });

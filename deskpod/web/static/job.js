@@ -22,13 +22,7 @@
 
   // --- charts (drawn at once from the page's own data; the benchmark reads the mark)
   const lines = new Map(); // series id ("train/loss") -> [[chart, index], ...]
-  let marked = false;
-  const onDraw = () => {
-    if (!marked) {
-      marked = true;
-      performance.mark("deskpod:first-chart");
-    }
-  };
+  const onDraw = deskpodCharts.markFirstDraw;
   for (const c of data.charts || []) {
     const fig = $("chart-" + c.id);
     if (!fig) continue;
