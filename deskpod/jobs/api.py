@@ -40,6 +40,12 @@ from deskpod.jobs.store import User
 MAX_BODY = 64 * 1024
 """Bytes; a spec is a few hundred. Larger bodies get 413 before they are parsed."""
 MAX_LOG_CHUNK = 1 << 20
+ERROR: dict[str, Any] = {
+    "description": "the request was refused; `error` says why in one line",
+    "content": {"application/json": {"schema": {"type": "object", "required": ["error"],
+                                                "properties": {"error": {"type": "string"}}}}},
+}  # fmt: skip
+"""An error answer, for the OpenAPI document's responses."""
 
 
 def status_of(e: DeskpodError) -> int:
@@ -165,7 +171,7 @@ def create_app(
         job = await run_in_threadpool(pod.submit, user, data)
         return job.to_json()
 
-    @app.get("/v1/jobs", tags=["jobs"])
+    @app.get("/v1/jobs", tags=["jobs"], responses={400: ERROR, 403: ERROR})
     def list_jobs(
         user: Caller,
         state: Annotated[str | None, Query(max_length=32)] = None,
@@ -191,7 +197,7 @@ def create_app(
         """Cancel a queued job at once, or stop a running one (SIGTERM, grace, SIGKILL)."""
         return pod.cancel(user, job_id).to_json()
 
-    @app.post("/v1/jobs/{job_id}/requeue", tags=["jobs"])
+    @app.post("/v1/jobs/{job_id}/requeue", tags=["jobs"], responses={404: ERROR, 409: ERROR})
     def requeue(job_id: str, user: Caller) -> dict[str, Any]:
         """Send a cancelled, failed or lost job back to the queue, or stop a running one and requeue it
         (a train job resumes from its checkpoint); 409 for a job that succeeded."""

@@ -30,7 +30,7 @@ from deskpod.comm.cost import predict
 from deskpod.comm.rings import build_rings
 from deskpod.errors import RunError, UsageError
 from deskpod.hardware.topology import Topology
-from deskpod.plan.predict import Factors, MachineFacts, compute_time
+from deskpod.plan.factors import Factors, MachineFacts, compute_time
 from deskpod.plan.workload import BYTES_PER_ELEMENT, ModelCost, Workload, find_model
 
 LOCAL = "local"

@@ -33,14 +33,16 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from deskpod.comm.cost import MAX_NODES, Network, predict
 from deskpod.errors import UsageError
 from deskpod.hardware.catalog import Machine, find_machine
-from deskpod.hardware.topology import Topology
+from deskpod.plan.factors import Factors, MachineFacts, compute_time
 from deskpod.plan.workload import BYTES_PER_ELEMENT, Precision, Workload
+
+__all__ = ["Factors", "MachineFacts", "Plan", "compute_time", "machine_facts", "match_nodes", "predict_plan"]
 
 PEAK_FALLBACK: dict[Precision, tuple[str, ...]] = {
     "fp32": ("fp32",),
@@ -49,43 +51,6 @@ PEAK_FALLBACK: dict[Precision, tuple[str, ...]] = {
     "bf16": ("bf16", "fp16_tensor", "fp32"),
 }
 """Which catalog peak a precision runs at: Tensor Cores where the device has them, else FP16, else FP32."""
-
-
-@dataclass(frozen=True, slots=True)
-class Factors:
-    """The fitted efficiency factors (defaults: `deskpod.plan.calibration.fit` on the DGX-1 P100 figures)."""
-
-    compute_efficiency: float = 1.822607
-    """e_c: achieved FLOP rate / peak, counting direct-convolution FLOPs (above 1: cuDNN's FFT and
-    Winograd kernels do fewer FLOPs than the direct count)."""
-    memory_passes: float = 18.518
-    """k_m: times each activation element crosses device memory per training step."""
-    comm_efficiency: float = 0.41
-    """e_n: achieved / modelled all-reduce bandwidth in the fitted framework (TensorFlow, May 2017)."""
-    overlap: float = 0.0
-    """Fraction of the backward pass that hides communication."""
-    input_images_per_core: float = 769.0
-    """r: images/s one CPU core decodes and augments (real data)."""
-    cpu_compute_efficiency: float = 0.360457
-    """e_cpu: achieved FLOP rate / peak when the devices are CPUs (direct-convolution FLOPs)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MachineFacts:
-    """What the planner needs from a catalog machine."""
-
-    name: str
-    title: str
-    kind: str
-    devices: int
-    peak_tflops: float
-    peak_key: str
-    memory_bandwidth_gbs: float
-    power_w: float
-    power_source: str
-    price_usd: float | None
-    cpu_cores: int
-    topology: Topology = field(repr=False)
 
 
 _CORES = re.compile(r"(\d+)\s*cores")
@@ -168,15 +133,6 @@ class Plan:
 
     def as_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__slots__}
-
-
-def compute_time(w: Workload, f: MachineFacts, factors: Factors) -> float:
-    """Seconds for one device to run forward and backward over ``w.batch`` samples."""
-    if f.kind == "cpu":
-        return w.batch * w.model.train_flops / (factors.cpu_compute_efficiency * f.peak_tflops * 1e12)
-    flops = w.model.train_flops / (factors.compute_efficiency * f.peak_tflops * 1e12)
-    memory = factors.memory_passes * w.model.activations_m * 1e6 * BYTES_PER_ELEMENT[w.precision]
-    return w.batch * (flops + memory / (f.memory_bandwidth_gbs * 1e9))
 
 
 def predict_plan(
