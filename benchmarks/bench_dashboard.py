@@ -477,7 +477,7 @@ Command: `{command}`. Submit -> running of a one-device job (`python -c pass`) o
 DGX-1 (`--machine dgx1-v100`), {s["trials"]} trials per condition per round, the conditions alternating in
 blocks of 10, {s["repeats"]} rounds. *Client*: before the POST until the client sees the job running (polling
 every 5 ms); *service*: the daemon's own submitted -> started timestamps. An open dashboard is a Job page as
-a tab has it (the page loaded, then one event stream from its cursor) on a run that writes {s["rows_per_s"]:g} metric rows/s,
+a tab has it (the page loaded, then one event stream from its cursor) on a run that writes {s["rows_per_s"]:g} metric row(s) per second,
 plus the Pod page's live-usage poll every 2 s, each tab's poll starting at a random point of its period as tabs
 opened at different times do; {s["dashboards"]} of them run in one separate process on the same 2 cores, at the
 lowest CPU priority (`nice 19`: it stands in for browsers on other machines, so the figure is what serving
@@ -491,8 +491,9 @@ timed blocks, as a share of one core.
 Pooled medians: client **{s["pooled"]["client_ratio"]:.2f}x**, service **{s["pooled"]["service_ratio"]:.2f}x** (target <= 1.2x:
 {"met" if s["met"] else "MISSED"}). Rounds differ by more than the effect (the box is shared; a plain CPU burner
 of 10% of a core in place of the dashboards gave rounds from 0.74x to 1.35x). With all 50 polls in lockstep — a
-burst of 50 requests every 2 s, which a load generator makes and real tabs do not — one run of 5 rounds gave
-1.45x client, 1.41x service: the bursts, not the open streams, are what costs.
+burst of 50 requests every 2 s, which a load generator makes and real tabs do not — one run of 5 rounds (the load
+generator then at normal priority) gave 1.45x client, 1.41x service, and streams alone without the polls 1.10x
+client, 1.07x service (3 rounds): the bursts, not the open streams, are what costs.
 """
         replace_subsection(SECTION, "### Scheduling with 50 open dashboards (bench_dashboard.py --only scheduling)",
                            block, intro=INTRO)  # fmt: skip
