@@ -50,3 +50,15 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 def launch_chromium(playwright: Any) -> Any:
     """Debian's Chromium under Playwright (no browser download)."""
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def open_signed_in(browser: Any, pod: Pod, path: str, token: str | None = None) -> tuple[Any, list[str]]:
+    """A new page signed in through the sign-in form and landed on ``path``; and the page's script errors."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{pod.url}/ui/login?next={path}")
+    page.fill("input[name=token]", token or pod.token)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"**{path}")
+    return page, errors

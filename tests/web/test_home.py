@@ -22,7 +22,7 @@ from deskpod.web.home import device_rows, pod_status
 from deskpod.web.session import Viewer
 from deskpod.web.topology_svg import link_class, link_counts, nic_groups, nvlink_total, render_svg
 from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for, wait_state
-from tests.web.browser import launch_chromium, new_user, sign_in
+from tests.web.browser import launch_chromium, new_user, open_signed_in, sign_in
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -280,13 +280,7 @@ def test_the_page_updates_in_place_in_chromium(web_pod: Pod, tmp_path: Path) -> 
     with sync_playwright() as p:
         browser = launch_chromium(p)
         try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{web_pod.url}/ui/login?next=/ui/")
-            page.fill("input[name=token]", web_pod.token)
-            page.click("button[type=submit]")
-            page.wait_for_url("**/ui/")
+            page, errors = open_signed_in(browser, web_pod, "/ui/")
             expect(page.locator("#pod-updated")).to_contain_text("Live", timeout=15000)
             job = api.submit({"name": "watched", "command": python_job(SLEEPER), "workdir": str(tmp_path)})
             try:

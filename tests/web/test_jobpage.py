@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_state
-from tests.web.browser import csrf_of, launch_chromium, new_user, sign_in
+from tests.web.browser import csrf_of, launch_chromium, new_user, open_signed_in, sign_in
 
 BLOCKER = """
 import time
@@ -373,13 +373,7 @@ def test_the_chart_gains_a_point_in_chromium(web_pod: Pod, blocker: dict[str, An
     with sync_playwright() as p:
         browser = launch_chromium(p)
         try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{web_pod.url}/ui/login?next=/ui/jobs/{job['id']}")
-            page.fill("input[name=token]", web_pod.token)
-            page.click("button[type=submit]")
-            page.wait_for_url(f"**/ui/jobs/{job['id']}")
+            page, errors = open_signed_in(browser, web_pod, f"/ui/jobs/{job['id']}")
             until(page, "performance.getEntriesByName('deskpod:first-chart').length > 0")
             until(page, "document.getElementById('live-status').textContent === 'live'")
             assert page.get_attribute("#chart-loss", "data-points") == "100"

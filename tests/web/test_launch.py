@@ -26,7 +26,7 @@ from deskpod.train.config import build_config
 from deskpod.web import launch
 from deskpod.web.networks import count, model_cost
 from tests.jobs.pods import Pod, wait_for, wait_state
-from tests.web.browser import hidden, launch_chromium
+from tests.web.browser import hidden, launch_chromium, open_signed_in
 
 STEP3 = {"data": "fashion-mnist", "model": "convnet", "steps": "60", "batch_size": "32"}
 
@@ -413,13 +413,7 @@ def test_the_preview_follows_the_fields_in_chromium(pod: Pod) -> None:
     with sync_playwright() as p:
         browser = launch_chromium(p)
         try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{pod.url}/ui/login?next=/ui/new")
-            page.fill("input[name=token]", pod.token)
-            page.click("button[type=submit]")
-            page.wait_for_url("**/ui/new")
+            page, errors = open_signed_in(browser, pod, "/ui/new")
             page.get_by_role("link", name="Fashion-MNIST").click()
             page.get_by_role("link", name="convnet").click()
             expect(page.get_by_role("button", name="Update preview")).to_have_count(0)
