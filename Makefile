@@ -9,12 +9,12 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint typecheck unit data browser install bench clean
+.PHONY: demo test lint typecheck unit data browser slurm install bench clean
 
 demo: install data
 	$(BIN)/deskpod train
 
-test: install data browser lint typecheck unit
+test: install data browser slurm lint typecheck unit
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,17 @@ browser:
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null \
 	      || echo "could not install chromium; the browser tests will say so"; \
 	  else echo "no apt-get: install Chromium at $(CHROMIUM) for the browser tests"; fi; \
+	fi
+
+# The cluster tests run a real Slurm (slurmctld + two slurmd on 127.0.0.1, started by the tests themselves).
+slurm:
+	@if ! command -v slurmctld >/dev/null 2>&1 && [ ! -x /usr/sbin/slurmctld ]; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	    echo "installing Slurm and munge (Debian packages slurm-wlm slurmctld slurmd slurm-client munge) for the cluster tests"; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurm-wlm slurmctld slurmd slurm-client munge >/dev/null \
+	      || echo "could not install Slurm; the cluster tests will say so"; \
+	  else echo "no apt-get: install Slurm (slurmctld, slurmd, clients) and munge for the cluster tests"; fi; \
 	fi
 
 lint: install

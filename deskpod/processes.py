@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from multiprocessing.process import BaseProcess
@@ -19,3 +20,19 @@ def stop_processes(procs: Iterable[BaseProcess], deadline: float, *, min_wait: f
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live direct children of ``pid`` (Linux: from ``/proc/<pid>/task/*/children``)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            continue
+    return sorted(set(out))

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "deskpod.cli.topo",
     "deskpod.cli.doctor",
     "deskpod.cli.plan",
+    "deskpod.cli.cluster",
 )
 
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what was asked, for commands that re-run it (srun)
     try:
         return int(args.func(args) or 0)
     except DeskpodError as e:

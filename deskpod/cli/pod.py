@@ -25,6 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--machine", help="schedule as if this box were a catalog machine (see `deskpod topo --list`)")
     p.add_argument("--detach", action="store_true", help="run in the background; its output goes to HOME/daemon.log")
     p.add_argument("--no-dashboard", action="store_true", help="serve only the REST API, not the web dashboard (/ui/)")
+    p.add_argument(
+        "--backend",
+        choices=("local", "slurm"),
+        default="local",
+        help="who runs the jobs: this box (local, default) or the Slurm cluster this is a login node of",
+    )
     p.set_defaults(func=up)
 
     p = sub.add_parser("down", help="stop the pod service (running jobs keep running unless --stop-jobs)")
@@ -42,10 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--env", action="append", default=[], metavar="NAME=VALUE", help="an environment variable (repeatable)"
     )
     p.add_argument("--json", action="store_true", help="print the job as JSON")
+    p.add_argument("--cluster", choices=("slurm",), help="submit to the Slurm cluster directly (no pod service)")
+    p.add_argument("--nodes", type=int, help="nodes, each with --devices GPUs (a cluster; default 1)")
+    p.add_argument("--partition", help="the Slurm partition (default: the cluster's default)")
+    p.add_argument("--dry-run", action="store_true", help="with --cluster: print the sbatch script, submit nothing")
     p.add_argument("command", nargs=argparse.REMAINDER, help="FILE.toml|FILE.json, or -- ARGV...")
     p.set_defaults(func=submit)
 
     p = sub.add_parser("jobs", help="list your jobs (every job for an admin)")
+    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("--state", help="only jobs in this state")
     p.add_argument("--user", help="only this user's jobs (admins)")
     p.add_argument("--name", help="only jobs whose name contains this")
@@ -54,16 +65,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=jobs)
 
     p = sub.add_parser("show", help="one job: its spec, state, devices and history")
+    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=show)
 
     p = sub.add_parser("logs", help="a job's output")
+    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.set_defaults(func=logs)
 
     p = sub.add_parser("cancel", help="cancel a queued job or stop a running one")
+    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.set_defaults(func=cancel)
 
@@ -93,7 +107,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.set_defaults(func=user_whoami)
 
 
-def _client() -> Any:
+def _client(args: argparse.Namespace | None = None) -> Any:
+    """The pod service's client, or with ``--cluster slurm`` one that asks Slurm (the same answers)."""
+    if args is not None and getattr(args, "cluster", None) == "slurm":
+        from deskpod.cluster.client import SlurmClient
+
+        return SlurmClient()
     from deskpod.jobs.client import PodClient
 
     return PodClient.from_environment()
@@ -117,12 +136,18 @@ def up(args: argparse.Namespace) -> int:
         return _detach(args, home)
     from deskpod.jobs.daemon import serve
 
+    executor = None
+    if args.backend == "slurm":
+        from deskpod.cluster.backend import SlurmExecutor
+
+        executor = SlurmExecutor()  # no Slurm or no controller: one line and exit 2/1, before anything starts
+
     extensions = []
     if not args.no_dashboard:
         from deskpod.web import dashboard
 
         extensions.append(dashboard)
-    return serve(config, env, extensions=extensions)
+    return serve(config, env, extensions=extensions, executor=executor)
 
 
 def _detach(args: argparse.Namespace, home: Path) -> int:
@@ -135,6 +160,7 @@ def _detach(args: argparse.Namespace, home: Path) -> int:
     argv += ["--grace", str(args.grace)] + (["--no-preemption"] if args.no_preemption else [])
     argv += ["--machine", args.machine] if args.machine else []
     argv += ["--no-dashboard"] if args.no_dashboard else []
+    argv += ["--backend", args.backend]
     info = home / "daemon.json"
     info.unlink(missing_ok=True)
     with open(home / "daemon.log", "ab") as log:
@@ -190,9 +216,12 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
     is_file = len(words) == 1 and Path(words[0]).suffix.lower() in (".toml", ".json") and args.command[0] != "--"
     spec: dict[str, Any] = load_spec_file(Path(words[0])) if is_file else {"command": words, "workdir": str(Path.cwd())}
     for key, value in (("devices", args.devices), ("name", args.name), ("priority", args.priority),
-                       ("placement", args.placement), ("max_runtime", args.max_runtime), ("retries", args.retries)):  # fmt: skip
+                       ("placement", args.placement), ("max_runtime", args.max_runtime), ("retries", args.retries),
+                       ("nodes", getattr(args, "nodes", None))):  # fmt: skip
         if value is not None:
             spec[key] = value
+    if getattr(args, "partition", None):
+        spec.setdefault("slurm", {})["partition"] = args.partition
     for item in args.env:
         name, eq, value = item.partition("=")
         if not eq:
@@ -202,8 +231,16 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def submit(args: argparse.Namespace) -> int:
+    from deskpod.errors import ConfigError
+
     spec = _spec_from_args(args)
-    with _client() as c:
+    if args.dry_run and not args.cluster:
+        raise ConfigError("--dry-run shows the sbatch script of a cluster job: use it with --cluster slurm")
+    if args.dry_run:
+        with _client(args) as c:
+            print(c.submit(spec, dry_run=True)["script"], end="")
+        return 0
+    with _client(args) as c:
         job = c.submit(spec)
     if args.json:
         print(json.dumps(job, indent=2))
@@ -220,7 +257,7 @@ def _age(t: float | None) -> str:
 
 
 def jobs(args: argparse.Namespace) -> int:
-    with _client() as c:
+    with _client(args) as c:
         rows = c.jobs(state=args.state, limit=args.limit, user=args.user, name=args.name)
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -234,7 +271,7 @@ def jobs(args: argparse.Namespace) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
-    with _client() as c:
+    with _client(args) as c:
         job = c.job(args.id)
     if args.json:
         print(json.dumps(job, indent=2))
@@ -256,7 +293,7 @@ def logs(args: argparse.Namespace) -> int:
     final = {s.value for s in FINAL}
     out = sys.stdout.buffer
     offset = 0
-    with _client() as c:
+    with _client(args) as c:
         while True:
             data, offset, state = c.log(args.id, offset)
             out.write(data)
@@ -268,7 +305,7 @@ def logs(args: argparse.Namespace) -> int:
 
 
 def cancel(args: argparse.Namespace) -> int:
-    with _client() as c:
+    with _client(args) as c:
         job = c.cancel(args.id)
     extra = f" ({job['reason']})" if job["state"] != "cancelled" and job["reason"] else ""
     print(f"job {job['id']}: {job['state']}{extra}")

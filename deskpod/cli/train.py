@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 EPILOG = """examples:
@@ -38,6 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, help="random seed (default 0)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: linear scaling rule)")
     p.add_argument("--optimizer", help="sgd (default) or adamw")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train on N nodes of the Slurm allocation this runs in (salloc/sbatch): one launcher per node",
+    )
     p.add_argument("--submit", action="store_true", help="queue this training on the pod service (deskpod up) instead")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--quiet", action="store_true", help="print only errors and the final summary")
@@ -54,29 +62,28 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deskpod.train.launcher import format_summary, launch, prepare
+    from deskpod.train.launcher import exit_code, format_summary, launch, prepare
     from deskpod.train.progress import pick_mode
 
     if args.submit:
         return submit(args)
 
-    plan = prepare(args.config, overrides_from(args), resume=args.resume)
+    if args.nodes > 1:
+        from deskpod.train.world import in_allocation, in_step, srun_argv
+
+        if in_allocation() and not in_step():
+            # In the batch script or an salloc shell: the same command once per node, through srun.
+            import os
+
+            argv = srun_argv(args.nodes, [sys.executable, "-m", "deskpod", *args.argv])
+            os.execv(argv[0], argv)
+    plan = prepare(args.config, overrides_from(args), resume=args.resume, nodes=args.nodes)
     mode = pick_mode(args.quiet, args.json)
-    summary = launch(plan, mode)
-    if args.quiet:
+    follower = plan.world is not None and plan.world.node_rank > 0
+    summary = launch(plan, mode)  # one node speaks for the run: the first
+    if args.quiet and not follower:
         print(format_summary(summary))
-    if summary["state"] == "stopped":
-        return 128 + _signum(summary.get("signal"))
-    return 0
-
-
-def _signum(name: object) -> int:
-    import signal
-
-    try:
-        return int(signal.Signals[str(name)])
-    except KeyError:
-        return int(signal.SIGTERM)
+    return exit_code(plan, summary)
 
 
 def submit(args: argparse.Namespace) -> int:

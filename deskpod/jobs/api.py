@@ -32,6 +32,7 @@ from deskpod.errors import (
     UsageError,
 )
 from deskpod.jobs import auth, metrics
+from deskpod.jobs.joblog import read_log
 from deskpod.jobs.pod import Pod
 from deskpod.jobs.spec import SPEC_SCHEMA
 from deskpod.jobs.states import JobState
@@ -212,12 +213,7 @@ def create_app(
     ) -> Response:
         """Log bytes from ``offset``; ``X-Deskpod-Offset`` is where to ask next, ``X-Deskpod-State`` the job's state."""
         job = pod.visible_job(user, job_id)
-        path = pod.config.home / "jobs" / str(job.id) / "output.log"
-        data = b""
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(limit)
+        data = read_log(pod.job_folder(job), offset, limit)
         headers = {"X-Deskpod-Offset": str(offset + len(data)), "X-Deskpod-State": job.state.value}
         return Response(content=data, media_type="text/plain; charset=utf-8", headers=headers)
 

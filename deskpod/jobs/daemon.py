@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from deskpod.environment import Environment
 from deskpod.errors import UsageError
+from deskpod.jobs.executor import Executor
 from deskpod.jobs.pod import Pod, PodConfig
 
 
@@ -64,12 +65,17 @@ def _catalog_topology(name: str) -> Any:
 
 
 def serve(
-    config: PodConfig, env: Environment | None = None, *, extensions: Sequence[Callable[[Any, Pod], None]] = ()
+    config: PodConfig,
+    env: Environment | None = None,
+    *,
+    extensions: Sequence[Callable[[Any, Pod], None]] = (),
+    executor: Executor | None = None,
 ) -> int:
     """Run the pod service until SIGTERM/SIGINT or ``POST /v1/shutdown``; returns the exit code.
 
     ``extensions`` add routes to the service's app (``deskpod up`` hands in the dashboard's); see
-    `deskpod.jobs.api.create_app`.
+    `deskpod.jobs.api.create_app`. ``executor`` runs the jobs elsewhere (``--backend slurm``); see
+    `deskpod.jobs.executor`.
     """
     import uvicorn
 
@@ -101,6 +107,7 @@ def serve(
         device_kind=kind,
         place=lambda f, k, p: place(topo, f, k, policy=p),
         topology=topo,
+        executor=executor,
     )
     pod.start()
 

@@ -29,6 +29,7 @@ from deskpod.errors import ConfigError, ConflictError, DeviceError, NotFoundErro
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
+from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast, forecast
 from deskpod.jobs.scheduler import Running, Waiting, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
@@ -77,11 +78,14 @@ class Pod:
         place: Callable[[Sequence[int], int, str], Placement | Unplaceable],
         clock: Callable[[], float] = time.time,
         topology: Topology | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.config, self.store, self.device_count, self.device_kind = config, store, device_count, device_kind
         self.place, self.clock = place, clock
         self.topology = topology
         """The box's topology as the scheduler sees it (the dashboard draws it); None in unit tests."""
+        self.executor = executor
+        """Who runs the jobs when not this box (see `deskpod.jobs.executor`); None: this box does."""
         self.sup = sv.Supervisor()
         # The daemon's own CUDA_VISIBLE_DEVICES: device i of its topology is entry i of that list.
         self._visible = Environment.read().cuda_visible_devices
@@ -96,7 +100,19 @@ class Pod:
     # API side --------------------------------------------------------------------------------
     def submit(self, user: User, data: object) -> JobRecord:
         """Validate, refuse what can never fit this box, record as queued, wake the loop."""
+        if self.executor is not None:
+            spec = parse_spec(data)
+            self.executor.check(spec)
+            job = self.store.submit(user.name, spec, int(spec.devices) if str(spec.devices).isdigit() else 0,
+                                    self.clock())  # fmt: skip
+            self.wake()
+            return job
         spec = parse_spec(data, device_count=self.device_count)
+        if spec.nodes > 1:
+            raise ConfigError(
+                f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "
+                "deskpod up --backend slurm, or submit with deskpod submit --cluster slurm"
+            )
         k = int(spec.devices)
         if spec.workdir is not None and not Path(spec.workdir).is_dir():
             raise ConfigError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
@@ -127,6 +143,8 @@ class Pod:
                 job.id, S.CANCELLED, f"cancelled by {user.name}", expect=[S.QUEUED],
                 finished_at=self.clock(), reason="cancelled",
             ):  # fmt: skip
+                if self.executor is not None and job.external:
+                    self.executor.cancel(self, job)
                 break
             # A cancel outranks a preemption or a timeout: the job is not requeued.
             if job.state.active and self.store.update(
@@ -149,7 +167,7 @@ class Pod:
                 return job
             if job.state in REQUEUABLE and self.store.transition(
                 job.id, S.QUEUED, f"requeued by {user.name}", expect=[job.state],
-                reason=f"requeued by {user.name}", failures=0, pid=None,
+                reason=f"requeued by {user.name}", failures=0, pid=None, external=None,
             ):  # fmt: skip
                 self.wake()
                 break
@@ -198,6 +216,9 @@ class Pod:
                 traceback.print_exc(file=sys.stderr)
 
     def tick(self) -> None:
+        if self.executor is not None:
+            self.executor.tick(self)
+            return
         now = self.clock()
         for job in self.store.jobs(states=ACTIVE):
             self._watch(job, now)
@@ -297,6 +318,8 @@ class Pod:
         """Every queued job's position and, for the front of the queue, its estimated start."""
         now = self.clock() if now is None else now
         waiting = [Waiting(q[0], q[1], q[2], q[3], q[4]) for q in self.store.queue()]
+        if self.executor is not None:  # the executor's scheduler decides when; its reason says why not yet
+            return Forecast({w.id: i + 1 for i, w in enumerate(waiting)}, {})
         return forecast(waiting, self._running(now), self.device_count, now)
 
     def _schedule(self, now: float) -> None:
@@ -397,6 +420,8 @@ class Pod:
     # recovery and shutdown ------------------------------------------------------------------
     def recover(self) -> None:
         """Re-adopt, finish or requeue what a previous daemon left active (see module docstring)."""
+        if self.executor is not None:  # its jobs live on in its scheduler; the next tick follows them again
+            return
         now = self.clock()
         for job in self.store.jobs(states=ACTIVE):
             files = self._files(job)
@@ -420,6 +445,8 @@ class Pod:
 
     def _stop_everything(self) -> None:
         """For ``deskpod down --stop-jobs``: SIGTERM every job, wait the grace, SIGKILL, requeue them."""
+        if self.executor is not None:
+            return  # a cluster's jobs are the cluster's: they run on without the pod service
         for job in self.store.jobs(states=ACTIVE):
             if job.stop_reason is None:
                 self.store.update(job.id, stop_reason="shutdown")
@@ -439,13 +466,18 @@ class Pod:
             devices.append({"index": d, "kind": self.device_kind, "job": None if h is None else str(h.id),
                             "user": None if h is None else h.user, "name": None if h is None else h.name})  # fmt: skip
         counts = self.store.counts()
-        return {
+        if self.executor is not None:
+            devices = []
+        out = {
             "devices": devices,
             "queued": counts.get("queued", 0),
             "running": counts.get("running", 0) + counts.get("starting", 0),
             "preemption": self.config.preemption,
             "grace_s": self.config.grace_s,
         }
+        if self.executor is not None:
+            out["backend"] = {"name": self.executor.name, **self.executor.status()}
+        return out
 
 
 def serve_argv(serve: dict[str, Any] | Any, folder: Path) -> list[str]:

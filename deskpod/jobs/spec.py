@@ -13,8 +13,17 @@ daemon stores it, so nothing is ever executed from a bad spec::
     max_runtime = 3600               # seconds; the job is stopped (and fails) past it
     retries = 1                      # re-runs after a failure or a lost process
     workdir = "/abs/path"            # default: the job's own folder
+    nodes = 1                        # on a cluster backend (Slurm): nodes, each with `devices` GPUs
     [env]
     SEED = "1"
+    [slurm]                          # only read where the job goes to Slurm
+    partition = "gpu"                # default: the cluster's default partition
+    account = "proj"                 # and qos = "..."
+    signal_before_s = 120            # SIGUSR2 this long before the time limit: checkpoint, requeue
+    max_requeues = 20                # requeues after a preemption or a time-limit warning
+    max_node_failures = 3            # requeues after a node failure (failures use `retries`)
+    stage_data = true                # copy the dataset to node-local scratch first
+    scratch = "/local/scratch"       # where (default /tmp/deskpod-scratch); scratch_limit_gb = 500
 
 A ``[serve]`` job exports a training run's latest checkpoint into the job's own model repository and
 runs ``deskpod serve`` on it (v2 protocol on 127.0.0.1, a port of its own, written to the job's
@@ -59,7 +68,13 @@ MAX_TRAIN_CHARS = 32768
 
 FIELDS = (
     "name", "command", "train", "serve", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
+    "nodes", "slurm",
 )  # fmt: skip
+MAX_NODES = 4096
+SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues", "max_node_failures", "stage_data",
+                "scratch", "scratch_limit_gb")  # fmt: skip
+SLURM_DEFAULTS: dict[str, Any] = {"signal_before_s": 120, "max_requeues": 20, "max_node_failures": 3,
+                                  "stage_data": False, "scratch": "/tmp/deskpod-scratch"}  # fmt: skip
 KINDS = ("command", "train", "serve")
 """A spec has exactly one of these fields; it says what the job runs."""
 SERVE_FORMATS = ("onnx", "torch")
@@ -92,6 +107,10 @@ class JobSpec:
     """Extra environment variables for the job."""
     workdir: str | None = None
     """Absolute working directory; None: the job's folder under ``DESKPOD_HOME``."""
+    nodes: int = 1
+    """Nodes of a cluster backend, each running ``devices`` devices; a single box has one."""
+    slurm: Mapping[str, Any] = field(default_factory=dict)
+    """How the job goes to Slurm (`SLURM_FIELDS`, defaults filled in); ignored by a local pod."""
 
     @property
     def kind(self) -> str:
@@ -108,6 +127,10 @@ class JobSpec:
             "env": dict(self.env),
             "workdir": self.workdir,
         }
+        if self.nodes != 1:
+            out["nodes"] = self.nodes
+        if self.slurm:
+            out["slurm"] = dict(self.slurm)
         if self.train is not None:
             out["train"] = dict(self.train)
         elif self.serve is not None:
@@ -246,7 +269,35 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         retries=_int(data, "retries", 0, 0, MAX_RETRIES),
         env=dict(env),
         workdir=workdir,
+        nodes=_int(data, "nodes", 1, 1, MAX_NODES),
+        slurm=_slurm(data["slurm"]) if "slurm" in data else {},
     )
+
+
+def _slurm(t: object) -> dict[str, Any]:
+    """The ``[slurm]`` table, checked, with its defaults filled in."""
+    if not isinstance(t, Mapping):
+        raise _bad("slurm", t, 'expected a table, e.g. [slurm] partition = "gpu"')
+    unknown = sorted(str(k) for k in t if k not in SLURM_FIELDS)
+    if unknown:
+        raise ConfigError(f"job spec: unknown field slurm.{unknown[0]}; valid: {', '.join(SLURM_FIELDS)}")
+    out = {**SLURM_DEFAULTS, **dict(t)}
+    for key in ("partition", "account", "qos"):
+        v = out.get(key)
+        if v is not None and (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v)):
+            raise _bad(f"slurm.{key}", v, "a Slurm name: 1-64 letters, digits, '.', '_' or '-'")
+    out["signal_before_s"] = _int(out, "signal_before_s", 120, 0, 3600, "slurm.")
+    out["max_requeues"] = _int(out, "max_requeues", 20, 0, 1000, "slurm.")
+    out["max_node_failures"] = _int(out, "max_node_failures", 3, 0, 100, "slurm.")
+    if not isinstance(out["stage_data"], bool):
+        raise _bad("slurm.stage_data", out["stage_data"], "true or false")
+    sc = out["scratch"]
+    if not isinstance(sc, str) or not sc.startswith("/") or "\0" in sc or len(sc) > 4096:
+        raise _bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
+    lim = out.get("scratch_limit_gb")
+    if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int | float) or not 0 < lim <= 1e6):
+        raise _bad("slurm.scratch_limit_gb", lim, "gigabytes above 0, e.g. scratch_limit_gb = 500")
+    return out
 
 
 def _serve(t: object) -> dict[str, Any]:
@@ -329,6 +380,22 @@ SPEC_SCHEMA: dict[str, Any] = {
         "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES},
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
         "workdir": {"type": "string"},
+        "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
+        "slurm": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "partition": {"type": "string"},
+                "account": {"type": "string"},
+                "qos": {"type": "string"},
+                "signal_before_s": {"type": "integer", "minimum": 0, "maximum": 3600},
+                "max_requeues": {"type": "integer", "minimum": 0, "maximum": 1000},
+                "max_node_failures": {"type": "integer", "minimum": 0, "maximum": 100},
+                "stage_data": {"type": "boolean"},
+                "scratch": {"type": "string"},
+                "scratch_limit_gb": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
+            },
+        },
     },
     "example": {"name": "hello", "command": ["python", "-c", "print('hi')"], "devices": 1},
 }

@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS jobs(
     attempt INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0,
     assigned TEXT NOT NULL DEFAULT '', port INTEGER, pid INTEGER, pid_start INTEGER,
     exit_code INTEGER, stop_reason TEXT, stop_deadline REAL,
-    submitted_at REAL NOT NULL, started_at REAL, finished_at REAL);
+    submitted_at REAL NOT NULL, started_at REAL, finished_at REAL, external TEXT);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
 CREATE TABLE IF NOT EXISTS events(
@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS sessions(
 
 MUTABLE = frozenset(
     {"reason", "attempt", "failures", "assigned", "port", "pid", "pid_start", "exit_code", "stop_reason",
-     "stop_deadline", "started_at", "finished_at"}
+     "stop_deadline", "started_at", "finished_at", "external"}
 )  # fmt: skip
 
 
@@ -91,6 +91,8 @@ class JobRecord:
     submitted_at: float
     started_at: float | None
     finished_at: float | None
+    external: str | None = None
+    """The job's id in the executor that runs it, when that is not this box (a Slurm job id)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,6 +116,7 @@ class JobRecord:
             "submitted_at": self.submitted_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "external": self.external,
             "spec": self.spec.to_json(),
         }
 
@@ -143,6 +146,7 @@ def _record(row: sqlite3.Row) -> JobRecord:
         submitted_at=row["submitted_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        external=row["external"],
     )
 
 
@@ -157,6 +161,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        if "external" not in columns:  # a store written before cluster backends
+            self._db.execute("ALTER TABLE jobs ADD COLUMN external TEXT")
         self.version = 0
         """Committed write transactions so far (in this process)."""
         self._touched: dict[int, int] = {}

@@ -18,10 +18,12 @@ What the launcher does, in order:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -32,13 +34,18 @@ from typing import Any
 from deskpod.environment import Environment
 from deskpod.errors import CheckpointError, ConfigError, DataError, DeskpodError, UsageError, WorkerError
 from deskpod.hardware.devices import Device, Inventory, cpu_slots, discover
+from deskpod.processes import child_pids
 from deskpod.train import checkpoint as ckpt
 from deskpod.train.config import TrainConfig, build_config, write_config
 from deskpod.train.data import DataRequest, DataSpec, describe
 from deskpod.train.progress import Mode, Progress, format_duration
 from deskpod.train.runs import RunPaths, default_run_name, read_json
 from deskpod.train.sampler import run_length
+from deskpod.train.world import NodeWorld, check_port_free, slurm_world
 
+CHECKPOINT_SIGNAL = signal.SIGUSR2
+"""Checkpoint, stop, and let the scheduler requeue: what Slurm's ``--signal=USR2@T`` sends before a time
+limit. Not SIGUSR1: NCCL uses it internally (its watchdog), so a job that trapped USR1 could not tell them apart."""
 SHUTDOWN_GRACE_S = 60  # SIGTERM to workers, then SIGKILL after this long (they checkpoint in between)
 
 
@@ -53,6 +60,12 @@ class Plan:
     data: DataSpec
     per_device_batch: int
     resume: bool
+    world: NodeWorld | None = None
+    """The nodes of a multi-node run (``--nodes``, from Slurm's environment); None on one box."""
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices) * (self.world.nodes if self.world else 1)
 
 
 def _resolve_devices(cfg: TrainConfig, inventory: Inventory | None, env: Environment) -> tuple[str, tuple[Device, ...]]:
@@ -68,8 +81,15 @@ def find_latest_run(out: Path) -> Path | None:
 
 
 def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
-            inventory: Inventory | None = None, env: Environment | None = None) -> Plan:  # fmt: skip
-    """Resolve the config, devices, data and run folder; raise a `UsageError` for anything invalid."""
+            inventory: Inventory | None = None, env: Environment | None = None, nodes: int = 1) -> Plan:  # fmt: skip
+    """Resolve the config, devices, data and run folder; raise a `UsageError` for anything invalid.
+
+    ``nodes > 1`` is one launcher of a multi-node run: its place among the nodes comes from the Slurm
+    step it runs in (`deskpod.train.world`); every node must be given the same config.
+    """
+    if nodes < 1:
+        raise ConfigError(f"--nodes {nodes}: expected 1 or more")
+    world = slurm_world(nodes) if nodes > 1 else None
     env = env or Environment.read()
     cfg = build_config(config_file, overrides)
     out = Path(cfg.out)
@@ -100,14 +120,16 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
             )
         cfg = build_config(None, {**cfg.to_dict(), "name": name})
     kind, devices = _resolve_devices(cfg, inventory, env)
+    nodes_txt = f" on {nodes} nodes" if nodes > 1 else ""
     req = DataRequest(cfg.data, cfg.num_classes, cfg.synthetic_samples, cfg.image_size, cfg.val_fraction, cfg.seed,
                       cfg.loader_workers)  # fmt: skip
     data = describe(req, env.fashion_mnist_dir)
-    n = len(devices)
+    n = len(devices) * nodes
     if cfg.global_batch_size:
         if cfg.global_batch_size % (n * cfg.grad_accum):
             raise ConfigError(
-                f"global_batch_size {cfg.global_batch_size} does not divide by {n} devices × grad_accum {cfg.grad_accum}; "
+                f"global_batch_size {cfg.global_batch_size} does not divide by {n} devices{nodes_txt} × grad_accum "
+                f"{cfg.grad_accum}; "
                 f"use a multiple of {n * cfg.grad_accum}, e.g. {n * cfg.grad_accum * max(1, cfg.global_batch_size // (n * cfg.grad_accum))}"
             )
         per_device = cfg.global_batch_size // (n * cfg.grad_accum)
@@ -115,13 +137,13 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
         per_device = cfg.batch_size
     if per_device * n > data.train_size:
         raise ConfigError(
-            f"batch size {per_device} × {n} devices = {per_device * n} samples per step, more than the "
+            f"batch size {per_device} × {n} devices{nodes_txt} = {per_device * n} samples per step, more than the "
             f"{data.train_size} training samples of {data.name}; use a smaller --batch-size"
         )
     if cfg.sync_batchnorm and kind != "cuda":
         raise ConfigError("sync_batchnorm = true needs GPUs (PyTorch's SyncBatchNorm runs only on CUDA devices)")
     _check_model(cfg, data, run_dir if resume else None)
-    return Plan(cfg, run_dir, devices, kind, data, per_device, resume)
+    return Plan(cfg, run_dir, devices, kind, data, per_device, resume, world)
 
 
 def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None) -> None:
@@ -172,15 +194,40 @@ def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int | None) -> 
         "collective_timeout_s": plan.cfg.collective_timeout_s,
         "data_spec": asdict(plan.data),
         "timing_skip_steps": timing_skip_steps,
+        "nodes": plan.world.nodes if plan.world else 1,
+        "affinity": _affinity(plan),
         "total_steps": run_length(
             plan.data.train_size,
-            plan.per_device_batch * len(plan.devices),
+            plan.per_device_batch * plan.world_size,
             plan.cfg.grad_accum,
             plan.cfg.steps,
             plan.cfg.epochs,
         )[1],
     }
-    paths.launch.write_text(json.dumps(launch, indent=2))
+    # Every node of a multi-node run writes the same files into the shared run folder: atomically.
+    _write_atomic(paths.launch, json.dumps(launch, indent=2))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _affinity(plan: Plan) -> dict[str, dict[str, Any]]:
+    """Per local rank: the NIC nearest its GPU (``NCCL_IB_HCA``, ``UCX_NET_DEVICES``) and its CPU cores,
+    from this box's topology; empty on CPU workers and where the topology knows no NICs."""
+    if plan.kind != "cuda":
+        return {}
+    from deskpod.hardware.affinity import node_affinity
+    from deskpod.hardware.placement import local_topology
+
+    try:
+        topo = local_topology()
+        ranks = node_affinity(topo, [d.index for d in plan.devices])
+    except DeskpodError:  # no topology this box can describe: the workers run unpinned
+        return {}
+    return {str(r.local_rank): {"env": r.env, "cpus": list(r.cpus), "reason": r.reason} for r in ranks}
 
 
 def _quiet_torchelastic() -> None:
@@ -201,7 +248,10 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     _write_run_folder(plan, mode, timing_skip_steps)
-    progress = Progress(mode)
+    # Every node writes the same launch.json (the workers' progress mode included: global rank 0, which
+    # prints for the run, may be on any node); the launchers of the other nodes keep quiet themselves.
+    follower = plan.world is not None and plan.world.node_rank > 0
+    progress = Progress("quiet" if follower else mode)
     what = f"{len(plan.devices)} × {plan.devices[0].name}" + (
         f" ({plan.devices[0].threads} thread{'s' if plan.devices[0].threads != 1 else ''} each)"
         if plan.kind == "cpu"
@@ -212,24 +262,30 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     _quiet_torchelastic()
     saved_env = {k: os.environ.get(k) for k in _worker_env(plan)}
     os.environ.update(_worker_env(plan))
+    world = plan.world
+    if world is not None:
+        check_port_free(world)
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=world.nodes if world else 1,
+        max_nodes=world.nodes if world else 1,
         nproc_per_node=len(plan.devices),
-        run_id=f"deskpod-{uuid.uuid4().hex[:12]}",
+        run_id=world.run_id if world else f"deskpod-{uuid.uuid4().hex[:12]}",
         rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        rdzv_configs={"timeout": 300},
+        # One box: port 0, the OS picks a free one. Many nodes: the first node hosts the rendezvous on the
+        # port every node derives from the Slurm job id (see deskpod.train.world).
+        rdzv_endpoint=world.endpoint if world else "127.0.0.1:0",
+        rdzv_configs={"timeout": 300, **({"is_host": world.node_rank == 0} if world else {})},
         max_restarts=plan.cfg.max_restarts,
         monitor_interval=0.25,
         start_method="spawn",
-        local_addr="127.0.0.1",
+        local_addr=world.local_addr if world else "127.0.0.1",
         # The agent's error files live here; workers send their own stderr to this folder (see worker.py).
-        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs")),
+        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs" / (f"node{world.node_rank}" if world else ""))),
         shutdown_timeout=SHUTDOWN_GRACE_S,
     )
     start = time.monotonic()
     stopped_by = 0
+    previous = signal.signal(CHECKPOINT_SIGNAL, _forward_to_workers)
     try:
         elastic_launch(config, sys.executable)("-m", "deskpod.train.worker", str(plan.run_dir))
     except ChildFailedError as e:
@@ -247,6 +303,7 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     except SignalException as e:
         stopped_by = int(e.sigval)
     finally:
+        signal.signal(CHECKPOINT_SIGNAL, previous)
         for k, v in saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -255,6 +312,15 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     _raise_bad_input(plan.run_dir)
     wall = time.monotonic() - start
     return _finish(plan, wall, stopped_by, progress)
+
+
+def _forward_to_workers(signum: int, _frame: object) -> None:
+    """The launcher got the checkpoint signal: pass it to this node's workers (its own children). One rank
+    that has it is enough: the ranks agree on "stop" at the next step (see `Trainer`), checkpoint and exit 0,
+    and the summary says ``stopped`` by SIGUSR2."""
+    for pid in child_pids(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def _raise_bad_input(run_dir: Path) -> None:
@@ -270,7 +336,7 @@ def _raise_bad_input(run_dir: Path) -> None:
 def _finish(plan: Plan, wall: float, stopped_by: int, progress: Progress) -> dict[str, Any]:
     paths = RunPaths(plan.run_dir)
     result = read_json(plan.run_dir / "worker-result.json") if (plan.run_dir / "worker-result.json").exists() else {}
-    n = len(plan.devices)
+    n = plan.world_size
     train_time = float(result.get("train_time_s", 0.0))
     images_total = int(result.get("images", 0)) * n
     throughput = images_total / train_time if train_time > 0 else 0.0
@@ -288,6 +354,7 @@ def _finish(plan: Plan, wall: float, stopped_by: int, progress: Progress) -> dic
         "devices": [f"{d.label} {d.name}" for d in plan.devices],
         "device_kind": plan.kind,
         "world_size": n,
+        "nodes": plan.world.nodes if plan.world else 1,
         "precision": result.get("precision"),
         "global_batch": result.get("global_batch"),
         "lr": result.get("lr"),
@@ -305,13 +372,25 @@ def _finish(plan: Plan, wall: float, stopped_by: int, progress: Progress) -> dic
         "checkpoint": str(latest[-1]) if latest else None,
         "data_spec": asdict(plan.data),
     }
-    paths.summary.write_text(json.dumps(summary, indent=2))
+    if plan.world is not None and plan.world.node_rank > 0:
+        return summary  # the first node writes the run's summary and plots
+    _write_atomic(paths.summary, json.dumps(summary, indent=2))
     if not stopped:
         from deskpod.train.plots import write_plots
 
         write_plots(plan.run_dir)
     progress.event("done", **{k: v for k, v in summary.items() if k != "data_spec"}, text=format_summary(summary))
     return summary
+
+
+def exit_code(plan: Plan, summary: dict[str, Any]) -> int:
+    """The launcher's exit code: 0 when done; 128 + the signal when the run checkpointed and stopped on one
+    (140 after SIGUSR2: requeue me). In a multi-node run only the first node says so: the others exit 0 once
+    their workers are down, so srun's ``--kill-on-bad-exit`` never cuts the first node short."""
+    if summary["state"] != "stopped" or (plan.world is not None and plan.world.node_rank > 0):
+        return 0
+    name = str(summary.get("signal"))
+    return 128 + int(signal.Signals[name]) if name in signal.Signals.__members__ else 128 + int(signal.SIGTERM)
 
 
 def format_summary(s: dict[str, Any]) -> str:

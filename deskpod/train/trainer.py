@@ -56,13 +56,14 @@ class Position:
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT; the loop checkpoints and exits at the next step boundary."""
+    """Set by SIGTERM/SIGINT, and by SIGUSR2 (a scheduler's warning before a time limit or a preemption);
+    the loop checkpoints and exits at the next step boundary."""
 
     def __init__(self) -> None:
         self.signum = 0
 
     def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:

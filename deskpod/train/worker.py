@@ -46,6 +46,19 @@ def _stderr_to_log(folder: Path, rank: int) -> None:
     os.dup2(log.fileno(), 2)
 
 
+def _pin(affinity: dict[str, object] | None) -> None:
+    """This rank's NIC (``NCCL_IB_HCA``, ``UCX_NET_DEVICES``) and CPU cores, before NCCL starts; a variable the
+    user set already wins, and cores this process may not use are left out."""
+    if not affinity:
+        return
+    for key, value in dict(affinity.get("env") or {}).items():  # type: ignore[call-overload]
+        os.environ.setdefault(str(key), str(value))
+    allowed = os.sched_getaffinity(0)
+    cpus = {int(c) for c in affinity.get("cpus") or ()} & allowed  # type: ignore[attr-defined]
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     from deskpod.train.trainer import StopFlag, Trainer
@@ -62,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     pid_dir.mkdir(exist_ok=True)
     (pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     _stderr_to_log(run_dir / "logs", rank)
+    _pin(launch.get("affinity", {}).get(str(local_rank)))
     if launch["kind"] == "cuda":
         torch.cuda.set_device(local_rank)
         backend = "nccl"
