@@ -111,7 +111,7 @@ class KnownBug:
     """A Slurm bug that touches what deskpod asks Slurm for, in versions ``first`` <= v < ``fixed``."""
 
     first: Version | None
-    """The first version with it (None: it is older than anything deskpod supports)."""
+    """The first version with it (None: every version before ``fixed`` whose source was read has it)."""
     fixed: Version
     what: str
     deskpod: str

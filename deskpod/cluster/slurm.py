@@ -33,6 +33,7 @@ STATES: dict[str, tuple[JobState, str]] = {
     "REQUEUE_HOLD": (S.QUEUED, "requeued and held (scontrol release to run it)"),
     "REQUEUE_FED": (S.QUEUED, "requeued by the federation"),
     "RESV_DEL_HOLD": (S.QUEUED, "held: its reservation was deleted"),
+    "SPECIAL_EXIT": (S.QUEUED, "requeued and held: its exit code is in RequeueExitHold (scontrol release to run it)"),
     "CONFIGURING": (S.STARTING, "nodes allocated, booting or configuring"),
     "RUNNING": (S.RUNNING, "running"),
     "COMPLETING": (S.RUNNING, "finishing: processes ending on its nodes"),

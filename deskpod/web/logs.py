@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.errors import ConfigError
+from deskpod.jobs import joblog
 
 MAX_HITS = 200
 """Matching lines returned by one search; the answer says when there were more."""
@@ -44,8 +45,10 @@ def _natural(name: str) -> list[Any]:
 
 
 def log_files(job_folder: Path, run_dir: Path | None) -> list[LogFile]:
-    """The job's output log first, then the run's worker and agent logs in natural order."""
+    """The job's output log (or its attempts' logs) first, then the run's worker and agent logs in natural order."""
     out = [LogFile("output.log", job_folder / "output.log")]
+    # A job run by Slurm (deskpod up --backend slurm) writes one log per attempt instead.
+    out += [LogFile(f"logs/{p.name}", p) for p in joblog.log_files(job_folder) if p.parent.name == "logs"]
     if run_dir is not None:
         logs = run_dir / "logs"
         try:

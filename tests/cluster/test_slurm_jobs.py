@@ -219,3 +219,30 @@ def test_pod_service_hands_jobs_to_slurm(slurm: SlurmCluster, tmp_path: Path) ->
         assert slurm.job(ext)["JobState"] == "CANCELLED"
     finally:
         pods.stop_all()
+
+
+def test_a_job_stages_its_dataset_to_node_local_scratch(slurm: SlurmCluster, tmp_path: Path) -> None:
+    import tomli_w
+
+    from tests.train.test_models_data import make_imagefolder
+
+    data = make_imagefolder(tmp_path / "shared" / "imgs", per_class=12, corrupt=0)
+    scratch = tmp_path / "scratch"
+    spec = {"name": "staged", "nodes": 2, "devices": 1, "max_runtime": 600,
+            "slurm": {"stage_data": True, "scratch": str(scratch)},
+            "train": {"model": "mlp", "data": f"imagefolder:{data}", "image_size": 16, "steps": 4, "batch_size": 4,
+                      "val_fraction": 0.25}}  # fmt: skip
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(spec))
+    home = tmp_path / "home"
+    job_id, folder = submit(home, tmp_path / "s.toml")
+    row = wait_final(home, job_id)
+    log = (folder / "logs" / "attempt-1.log").read_text()
+    assert row["state"] == "succeeded", log
+    # both nodes staged into their (here: one shared) scratch; one copied, the other found it there
+    staged = re.findall(r"deskpod: staged (\S+) to (\S+) \((copied|already there)", log)
+    assert len(staged) == 2 and sorted(s[2] for s in staged) == ["already there", "copied"], log
+    assert staged[0][0] == str(data) and Path(staged[0][1]).is_relative_to(scratch)
+    summary = json.loads((folder / "runs" / "staged" / "summary.json").read_text())
+    assert summary["data"].startswith("imagefolder:") and str(scratch) in summary["data_spec"]["name"] + summary["data"]
+    listed = deskpod("cluster", "staged", "--scratch", str(scratch), home=home)
+    assert listed.returncode == 0 and str(data) in listed.stdout

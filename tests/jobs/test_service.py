@@ -62,6 +62,8 @@ def test_a_job_that_can_never_fit_is_refused_with_its_reason(shared_pod: Pod) ->
         c.submit({"command": ["true"], "devices": 64})
     with pytest.raises(UsageError, match="nonesuch"):
         c.submit({"command": ["true"], "placement": "partition:nonesuch"})
+    with pytest.raises(UsageError, match="nodes = 2 needs a cluster: .* deskpod up --backend slurm"):
+        c.submit({"command": ["true"], "nodes": 2})
     assert len(c.jobs()) == before
     r = shared_pod.cli("submit", "--devices", "64", "--", "true")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "never fit" in r.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,31 @@ def test_state_table() -> None:
                 todo.append(nxt)
     assert seen == set(JobState)
     assert all(TRANSITIONS[s] for s in JobState if s not in FINAL)
+
+
+def test_nodes_and_the_slurm_table() -> None:
+    from deskpod.jobs.spec import SLURM_DEFAULTS
+
+    s = parse_spec({"command": ["x"], "nodes": 4, "slurm": {"partition": "gpu", "max_requeues": 2}})
+    assert s.nodes == 4 and s.slurm == {**SLURM_DEFAULTS, "partition": "gpu", "max_requeues": 2}
+    assert parse_spec(s.to_json()) == s
+    plain = parse_spec({"command": ["x"]})
+    assert plain.nodes == 1 and plain.slurm == {} and "nodes" not in plain.to_json()
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"nodes": 0}, "nodes"),
+        ({"slurm": {"partiton": "gpu"}}, "unknown field slurm.partiton; valid: partition, account"),
+        ({"slurm": {"partition": "a b"}}, "slurm.partition"),
+        ({"slurm": {"scratch": "rel/path"}}, "slurm.scratch"),
+        ({"slurm": {"stage_data": "yes"}}, "slurm.stage_data"),
+        ({"slurm": {"signal_before_s": -1}}, "slurm.signal_before_s"),
+        ({"slurm": {"scratch_limit_gb": 0}}, "slurm.scratch_limit_gb"),
+        ({"slurm": "gpu"}, "slurm"),
+    ],
+)
+def test_bad_cluster_fields_are_named(data: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_spec({"command": ["x"], **data})
