@@ -318,7 +318,7 @@ def check_partitions(timeout: float) -> tuple[list[ClusterCheck], list[str]]:
     if done.returncode != 0:
         fail = ClusterCheck("partitions", "fail", f"sinfo failed: {_first_line(done)}")
         return [fail, ClusterCheck("gpu gres", "skip", "needs sinfo")], []
-    parts = slurm.parse_partitions(done.stdout)
+    parts = sorted(slurm.parse_partitions(done.stdout), key=lambda p: (not p.default, p.name))  # the default first
     if not parts:
         none = ClusterCheck("partitions", "fail", "sinfo shows no partition: this cluster has nowhere to run jobs")
         return [none, ClusterCheck("gpu gres", "skip", "no partition")], []

@@ -339,12 +339,6 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
     return out
 
 
-def json_available() -> bool:
-    """Whether this Slurm's ``squeue --json`` works (it needs the openapi/serializer plugins)."""
-    done = run(["squeue", "--json", "--jobs", "1"], check=False, timeout=20)
-    return done.stdout.lstrip().startswith("{")
-
-
 def jobs(job_ids: Sequence[str] | None = None, *, user: str | None = None) -> list[SlurmJob]:
     """The controller's view of these jobs (pending, running, and ended ones it still holds: ``MinJobAge``).
 

@@ -55,7 +55,7 @@ def test_the_test_cluster_passes_or_warns_where_expected(slurm: SlurmCluster) ->
     assert report.check("config").detail == f"SLURM_CONF={slurm.conf}"
     assert " is UP" in report.check("controller").detail
     assert report.check("munge").detail.startswith("munge -n | unmunge: Success")
-    assert report.check("partitions").detail.startswith(f"debug (default): {len(NODES)} nodes up")
+    assert report.check("partitions").detail.startswith(f"debug (default): {len(NODES)} nodes up")  # default first
     assert report.check("gpu gres").detail.startswith(f"debug: {len(NODES)} nodes, up to {GPUS_PER_NODE} GPUs per node")
     assert report.check("squeue json").detail.startswith("squeue --json works (")
     sacct = report.check("sacct").detail

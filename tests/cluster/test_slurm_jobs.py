@@ -113,25 +113,43 @@ def params(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_nodes_train_like_one_and_the_cli_follows_them(slurm: SlurmCluster, tmp_path: Path) -> None:
+    import tomli_w
+
     home = tmp_path / "home"
-    two_id, two = submit(home, write_job(tmp_path / "two.toml", "two", nodes=2, devices=1, steps=12))
-    one_id, one = submit(home, write_job(tmp_path / "one.toml", "one", nodes=1, devices=2, steps=12))
+    train = {"model": "mlp", "data": "fashion-mnist", "steps": 40, "global_batch_size": 64, "seed": 3}
+    # 2 nodes x 1 worker: `deskpod train --nodes 2` in a plain sbatch script (it runs itself once per node via srun)
+    (tmp_path / "two.toml").write_text(tomli_w.dumps(train))
+    runs = tmp_path / "runs"
+    cmd = (f"{sys.executable} -m deskpod train --nodes 2 --config {tmp_path / 'two.toml'} --out {runs} --name two "
+           "--devices 1")  # fmt: skip
+    two_id = slurm.run(
+        "sbatch", "--parsable", "--nodes=2", f"--output={tmp_path}/two.out", f"--wrap={cmd}"
+    ).stdout.strip()
+    # 1 node x 2 workers, the same global batch: through deskpod submit --cluster slurm
+    spec = {"name": "one", "nodes": 1, "devices": 2, "max_runtime": 900, "train": train}
+    (tmp_path / "one.toml").write_text(tomli_w.dumps(spec))
+    one_id, one = submit(home, tmp_path / "one.toml")
     listed = deskpod("jobs", "--cluster", "slurm", home=home)
-    assert listed.returncode == 0 and two_id in listed.stdout and one_id in listed.stdout
-    for job_id in (two_id, one_id):
-        row = wait_final(home, job_id)
-        assert row["state"] == "succeeded", (row, (Path(row["folder"]) / "logs" / "attempt-1.log").read_text())
-    log = deskpod("logs", "--cluster", "slurm", two_id, home=home).stdout
+    assert listed.returncode == 0 and one_id in listed.stdout
+    row = wait_final(home, one_id)
+    assert row["state"] == "succeeded", (row, (Path(row["folder"]) / "logs" / "attempt-1.log").read_text())
+    info = slurm.wait_state(two_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"})
+    assert info["JobState"] == "COMPLETED", (tmp_path / "two.out").read_text()
+    log = deskpod("logs", "--cluster", "slurm", one_id, home=home).stdout
     assert "attempt 1" in log and "done:" in log
-    summary = json.loads((two / "runs" / "two" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["nodes"] == 2 and summary["global_batch"] == 16
-    a = params(latest_checkpoint(two / "runs" / "two"))  # type: ignore[arg-type]
+    two_summary = json.loads((runs / "two" / "summary.json").read_text())
+    one_summary = json.loads((one / "runs" / "one" / "summary.json").read_text())
+    assert (two_summary["world_size"], two_summary["nodes"], one_summary["nodes"]) == (2, 2, 1)
+    assert two_summary["global_batch"] == one_summary["global_batch"] == 64
+    assert two_summary["test_accuracy"] > 0.6  # it learns: 10 classes, chance is 0.1
+    assert abs(two_summary["test_accuracy"] - one_summary["test_accuracy"]) < 0.01
+    a = params(latest_checkpoint(runs / "two"))  # type: ignore[arg-type]
     b = params(latest_checkpoint(one / "runs" / "one"))  # type: ignore[arg-type]
     assert a.keys() == b.keys()
     for k in a:
         assert torch.allclose(a[k].float(), b[k].float(), rtol=1e-4, atol=1e-5), k
-    script = (two / "job.sbatch").read_text()
-    assert "#SBATCH --nodes=2" in script and "--requeue" in script and "--signal=USR2@120" in script
+    script = (one / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=1" in script and "--requeue" in script and "--signal=USR2@120" in script
 
 
 def test_cancel_leaves_no_process_on_any_node(slurm: SlurmCluster, tmp_path: Path) -> None:

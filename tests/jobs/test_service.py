@@ -62,7 +62,7 @@ def test_a_job_that_can_never_fit_is_refused_with_its_reason(shared_pod: Pod) ->
         c.submit({"command": ["true"], "devices": 64})
     with pytest.raises(UsageError, match="nonesuch"):
         c.submit({"command": ["true"], "placement": "partition:nonesuch"})
-    with pytest.raises(UsageError, match="nodes = 2 needs a cluster: .* deskpod up --backend slurm"):
+    with pytest.raises(UsageError, match=r"nodes = 2 needs a cluster: .* deskpod up --backend slurm"):
         c.submit({"command": ["true"], "nodes": 2})
     assert len(c.jobs()) == before
     r = shared_pod.cli("submit", "--devices", "64", "--", "true")
