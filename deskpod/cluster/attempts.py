@@ -142,7 +142,7 @@ def end(folder: Path, number: int, code: int, environ: dict[str, str] | None = N
         left -= spent(attempts, "interrupted")
     job_id = env.get("SLURM_JOB_ID")
     if job_id and _cancelled(job_id):  # scancel stops the training with SIGTERM too: never requeue that
-        record["note"] = f"cancelled (exit code {code})"
+        record.update(cause="cancelled", note=f"cancelled (exit code {code})")
         _write(files, attempts)
         return code if 0 < code < 256 else 1
     if left > 0 and job_id:

@@ -161,7 +161,7 @@ def test_cancel_leaves_no_process_on_any_node(slurm: SlurmCluster, tmp_path: Pat
     assert done.returncode == 0, done.stderr
     assert wait_final(home, job_id)["state"] == "cancelled"
     wait_for(lambda: not processes_of(folder), 60, f"every process of {folder} to end")
-    assert [a.get("cause") for a in json.loads((folder / "attempts.json").read_text())] in ([None], ["interrupted"], [])
+    assert [a.get("cause") for a in json.loads((folder / "attempts.json").read_text())] in ([None], ["cancelled"])
 
 
 def test_a_step_killed_on_one_node_is_requeued_and_resumes(slurm: SlurmCluster, tmp_path: Path) -> None:
