@@ -45,7 +45,7 @@ def test_an_attempt_that_never_ended_counts_against_the_requeues(tmp_path: Path)
     begin(folder, {})  # the first never reached its end: Slurm requeued it (1 of 1 allowed)
     rows = json.loads(JobFiles(folder).attempts.read_text())
     assert rows[0]["cause"] == "interrupted"
-    with pytest.raises(BudgetSpent, match="slurm.max_requeues is 1"):
+    with pytest.raises(BudgetSpent, match=r"slurm\.max_requeues is 1"):
         begin(folder, {})
 
 
