@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -224,3 +225,34 @@ def test_cli_cluster_needs_a_subcommand_and_a_rank(run_cli: Run) -> None:
         with pytest.raises(SystemExit) as e:
             run_cli(*args)
         assert e.value.code == 2
+
+
+def test_the_launcher_writes_each_local_ranks_nic_and_cores_for_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU node the launcher puts every local rank's affinity in launch.json (here the node is the
+    catalog's recorded DGX-1 matrix, the one thing this machine cannot give: its GPUs and NICs)."""
+    from deskpod.hardware import placement
+    from deskpod.hardware.catalog import find_machine
+    from deskpod.hardware.devices import Device
+    from deskpod.train import launcher
+
+    monkeypatch.setattr(placement, "local_topology", lambda: find_machine("dgx1-v100").topology())
+    devices = tuple(Device("cuda", i, "Tesla V100-SXM2-32GB", 32 << 30) for i in (2, 3))
+    plan = launcher.Plan(None, None, devices, "cuda", None, 32, False)  # type: ignore[arg-type]
+    got = launcher._affinity(plan)
+    assert got["0"]["env"] == {"NCCL_IB_HCA": "=mlx5_1", "UCX_NET_DEVICES": "mlx5_1:1"}
+    assert got["1"]["env"]["NCCL_IB_HCA"] == "=mlx5_1" and got["1"]["cpus"][:2] == [0, 1]
+    assert launcher._affinity(launcher.Plan(None, None, devices, "cpu", None, 32, False)) == {}  # type: ignore[arg-type]
+
+
+def test_a_worker_pins_itself_before_nccl_starts(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import os; from deskpod.train.worker import _pin; "
+        "_pin({'env': {'NCCL_IB_HCA': '=mlx5_3', 'UCX_NET_DEVICES': 'mlx5_3:1'}, 'cpus': [0, 999]}); "
+        "print(os.environ['NCCL_IB_HCA'], os.environ['UCX_NET_DEVICES'], sorted(os.sched_getaffinity(0)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "UCX_NET_DEVICES": "mine:1"}).stdout.strip().split(maxsplit=2)  # fmt: skip
+    assert out == ["=mlx5_3", "mine:1", "[0]"]  # a variable the user set wins; cores it may not use are dropped
