@@ -206,7 +206,7 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(slurm: SlurmCluster
 def test_pod_service_hands_jobs_to_slurm(slurm: SlurmCluster, tmp_path: Path) -> None:
     pods = Pods(tmp_path)
     try:
-        pod = pods("--backend", "slurm", "--no-dashboard")
+        pod = pods("--backend", "slurm")
         c = pod.client()
         code = "import os; print('hello from node', os.environ['DESKPOD_NODE_RANK'], 'of', os.environ['DESKPOD_NODES'])"
         job = c.submit({"name": "hello", "command": [sys.executable, "-c", code], "nodes": 2, "devices": 1})
@@ -222,7 +222,8 @@ def test_pod_service_hands_jobs_to_slurm(slurm: SlurmCluster, tmp_path: Path) ->
         text = data.decode()
         assert "hello from node 0 of 2" in text and "hello from node 1 of 2" in text
         status = c.status()
-        assert status["backend"]["name"] == "slurm" and status["backend"]["partitions"][0]["nodes"] == 2
+        parts = {p["name"]: p for p in status["backend"]["partitions"]}
+        assert status["backend"]["name"] == "slurm" and parts["debug"]["nodes"] == 2 and parts["debug"]["default"]
         # a job Slurm can never run is refused at the door, and nothing is stored
         from deskpod.errors import DeskpodError
 
@@ -235,6 +236,17 @@ def test_pod_service_hands_jobs_to_slurm(slurm: SlurmCluster, tmp_path: Path) ->
         wait_for(lambda: c.job(sleeper["id"])["state"] == "cancelled", 60, "the sleeper to be cancelled")
         ext = c.job(sleeper["id"])["external"]
         assert slurm.job(ext)["JobState"] == "CANCELLED"
+        # the dashboard shows the pod's Slurm jobs, with their attempt logs
+        from tests.web.browser import sign_in
+
+        ui = sign_in(pod)
+        try:
+            page = ui.get(f"/ui/jobs/{job['id']}")
+            assert page.status_code == 200 and "hello" in page.text and "logs/attempt-1.log" in page.text
+            home = ui.get("/ui/")
+            assert home.status_code == 200, home.text
+        finally:
+            ui.close()
     finally:
         pods.stop_all()
 
