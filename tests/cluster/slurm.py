@@ -49,6 +49,9 @@ class SlurmCluster:
     root: Path
     name: str = "deskpod-test"
     tag: str = field(default_factory=lambda: f"deskpod-test-{os.getpid()}")
+    first_job_id: int = field(default_factory=lambda: 1000 + 50 * (os.getpid() % 700))
+    """Job ids start here: two clusters on one host (the tests and a benchmark) never hand out the same
+    ids at once, so their jobs' rendezvous ports (derived from the job id) differ too."""
 
     @property
     def conf(self) -> Path:
@@ -88,6 +91,7 @@ GresTypes=gpu
 ReturnToService=2
 JobRequeue=1
 MinJobAge=3600
+FirstJobId={self.first_job_id}
 KillWait=10
 EnforcePartLimits=ALL
 SlurmctldTimeout=30

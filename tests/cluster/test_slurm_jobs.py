@@ -166,7 +166,7 @@ def test_cancel_leaves_no_process_on_any_node(slurm: SlurmCluster, tmp_path: Pat
 
 def test_a_step_killed_on_one_node_is_requeued_and_resumes(slurm: SlurmCluster, tmp_path: Path) -> None:
     home = tmp_path / "home"
-    job_id, folder = submit(home, write_job(tmp_path / "k.toml", "k", nodes=2, devices=1, steps=400, every=20))
+    job_id, folder = submit(home, write_job(tmp_path / "k.toml", "k", nodes=2, devices=1, steps=240, every=20))
     run = folder / "runs" / "k"
     first = wait_checkpoint(run)
     pids = wait_for(lambda: launcher_pids(folder).get("node2"), 30, "node2's launcher")
@@ -185,7 +185,7 @@ def test_a_step_killed_on_one_node_is_requeued_and_resumes(slurm: SlurmCluster, 
 def test_the_warning_signal_checkpoints_requeues_and_resumes(slurm: SlurmCluster, tmp_path: Path) -> None:
     home = tmp_path / "home"
     every = 20
-    job_id, folder = submit(home, write_job(tmp_path / "w.toml", "w", nodes=2, devices=1, steps=400, every=every))
+    job_id, folder = submit(home, write_job(tmp_path / "w.toml", "w", nodes=2, devices=1, steps=240, every=every))
     run = folder / "runs" / "w"
     wait_checkpoint(run)
     slurm.run("scancel", "--signal=USR2", job_id)  # what --signal=USR2@120 sends 120 s before the time limit
