@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +47,19 @@ def _stderr_to_log(folder: Path, rank: int) -> None:
     os.dup2(log.fileno(), 2)
 
 
+def _die_with_parent() -> None:
+    """A worker never outlives its launcher: if the launcher is SIGKILLed (a lost node, an OOM kill), the
+    kernel kills this worker too (``PR_SET_PDEATHSIG``), instead of leaving it training alone, as an orphan."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() == 1:  # the launcher died before the call took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _pin(affinity: dict[str, object] | None) -> None:
     """This rank's NIC (``NCCL_IB_HCA``, ``UCX_NET_DEVICES``) and CPU cores, before NCCL starts; a variable the
     user set already wins, and cores this process may not use are left out."""
@@ -68,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(run_dir)
     stop = StopFlag()
     stop.install()
+    _die_with_parent()
     launch = read_json(paths.launch)
     local_rank = int(os.environ["LOCAL_RANK"])
     rank = int(os.environ["RANK"])

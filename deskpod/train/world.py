@@ -177,6 +177,8 @@ def check_port_free(world: NodeWorld) -> None:
     if world.node_rank != 0:
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As the rendezvous store binds it: a previous attempt's connections in TIME-WAIT do not hold the port.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((world.master_addr, world.port))
         except OSError as e:
