@@ -32,6 +32,7 @@ from typing import Any
 from deskpod.cluster import slurm
 from deskpod.cluster.batch import REQUEUE_EXIT_CODE, JobFiles, read_attempts, slurm_options
 from deskpod.jobs.spec import JobSpec
+from deskpod.jobs.states import JobState
 
 CAUSES = ("warning", "interrupted", "node", "failure")
 
@@ -168,9 +169,9 @@ def end(folder: Path, number: int, code: int, environ: dict[str, str] | None = N
 def _cancelled(job_id: str) -> bool:
     try:
         seen = slurm.jobs([job_id])
+        return bool(seen) and seen[0].deskpod_state is JobState.CANCELLED
     except slurm.SlurmError:
         return False
-    return bool(seen) and seen[0].state.split()[0].rstrip("+") == "CANCELLED"
 
 
 def _say(files: JobFiles, number: int, text: str) -> None:

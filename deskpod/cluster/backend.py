@@ -26,7 +26,7 @@ from deskpod.cluster import slurm
 from deskpod.cluster.batch import check_fits, submit_in
 from deskpod.errors import DeskpodError, UsageError
 from deskpod.jobs.spec import JobSpec
-from deskpod.jobs.states import FINAL, JobState
+from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 
 S = JobState
@@ -170,4 +170,3 @@ class SlurmExecutor:
             store.transition(job.id, S.QUEUED, "resubmitting", reason=f"{note}; resubmitting", external=None)
         else:
             store.transition(job.id, new, note, reason=note, **fields)
-        assert new in FINAL or new is S.PREEMPTED

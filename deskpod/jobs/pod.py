@@ -461,13 +461,12 @@ class Pod:
             for d in j.assigned:
                 holders[d] = j
         devices = []
-        for d in range(self.device_count):
+        # A pod whose jobs run elsewhere (Slurm) holds no devices of this box.
+        for d in range(0 if self.executor is not None else self.device_count):
             h = holders.get(d)
             devices.append({"index": d, "kind": self.device_kind, "job": None if h is None else str(h.id),
                             "user": None if h is None else h.user, "name": None if h is None else h.name})  # fmt: skip
         counts = self.store.counts()
-        if self.executor is not None:
-            devices = []
         out = {
             "devices": devices,
             "queued": counts.get("queued", 0),
