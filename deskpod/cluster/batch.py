@@ -95,7 +95,9 @@ def check_fits(spec: JobSpec, parts: list[slurm.Partition]) -> slurm.Partition:
     else:
         part = next((p for p in parts if p.name == name), None)  # type: ignore[assignment]
         if part is None:
-            raise ConfigError(f"slurm partition {name!r} does not exist; valid: {', '.join(p.name for p in parts)}")
+            raise ConfigError(
+                f"slurm partition {name!r} does not exist; valid: {', '.join(sorted(p.name for p in parts))}"
+            )
     if spec.nodes > part.nodes:
         raise DeviceError(
             f"nodes = {spec.nodes}: partition {part.name!r} has {part.nodes} node{'s' if part.nodes != 1 else ''}; "
