@@ -9,12 +9,12 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: demo test lint typecheck unit data browser slurm install bench clean
+.PHONY: demo test lint typecheck unit data browser slurm sandbox install bench clean
 
 demo: install data
 	$(BIN)/deskpod train
 
-test: install data browser slurm lint typecheck unit
+test: install data browser slurm sandbox lint typecheck unit
 
 install: $(VENV)/.installed
 
@@ -58,6 +58,17 @@ slurm:
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurm-wlm slurmctld slurmd slurm-client munge >/dev/null \
 	      || echo "could not install Slurm; the cluster tests will say so"; \
 	  else echo "no apt-get: install Slurm (slurmctld, slurmd, clients) and munge for the cluster tests"; fi; \
+	fi
+
+# Jobs of the pod service run in bubblewrap sandboxes; the isolation tests use it with real Unix users.
+sandbox:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	    echo "installing bubblewrap (Debian package bubblewrap) for the pod's job sandboxes"; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap >/dev/null \
+	      || echo "could not install bubblewrap; deskpod up will say how jobs run without it"; \
+	  else echo "no apt-get: install bubblewrap (bwrap) for the pod's job sandboxes"; fi; \
 	fi
 
 lint: install

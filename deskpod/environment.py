@@ -28,6 +28,12 @@ class Environment:
     """``DESKPOD_URL``: where the pod service listens (default: what ``<home>/daemon.json`` says)."""
     token_file: Path | None = None
     """``DESKPOD_TOKEN_FILE``: the CLI's pod-service token (default ``<home>/token``; mode 0600)."""
+    pod_socket: Path | None = None
+    """``DESKPOD_SOCKET``: the pod service's Unix socket, where the kernel tells it who you are (no token)."""
+    env_cache: Path | None = None
+    """``DESKPOD_ENV_CACHE``: where jobs' environments are built and kept (default ``<home>/envs``)."""
+    dev_dir: Path = Path("/dev")
+    """``DESKPOD_DEV_DIR``: where the GPUs' device nodes (``nvidia<N>``, ``nvidiactl``) are (tests: stand-ins)."""
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> Environment:
@@ -45,6 +51,9 @@ class Environment:
             cpu_slots=_cpu_slots(env.get("DESKPOD_CPU_SLOTS")),
             pod_url=env.get("DESKPOD_URL") or None,
             token_file=Path(env["DESKPOD_TOKEN_FILE"]).expanduser() if env.get("DESKPOD_TOKEN_FILE") else None,
+            pod_socket=Path(env["DESKPOD_SOCKET"]).expanduser() if env.get("DESKPOD_SOCKET") else None,
+            env_cache=Path(env["DESKPOD_ENV_CACHE"]).expanduser() if env.get("DESKPOD_ENV_CACHE") else None,
+            dev_dir=Path(env.get("DESKPOD_DEV_DIR") or "/dev"),
             fashion_mnist_dir=Path(env.get("DESKPOD_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")),
         )
 

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "deskpod.cli.doctor",
     "deskpod.cli.plan",
     "deskpod.cli.cluster",
+    "deskpod.cli.env",
 )
 
 

@@ -1,0 +1,661 @@
+"""Environments built once, kept by the hash of what defines them, found again without installing anything.
+
+The cache is a folder (``$DESKPOD_ENV_CACHE``, default ``$DESKPOD_HOME/envs``)::
+
+    <root>/<key[:20]>/env/            the virtual environment a job runs in (env/bin/python)
+                      meta.json       the ready marker: written last, atomically, once everything else is done
+                      definition.json what is being built (written first, so a half-built folder can be named)
+                      build.log       the installer's output
+                      freeze.txt      ``uv pip freeze`` of the result: the exact environment a job ran in
+                      requirements.txt / project/{pyproject.toml,uv.lock}   the copy it was built from
+                      last_used       its mtime is when a job last started in it
+    <root>/.locks/<key>.lock          exclusive while building or removing; shared while a job runs in it
+    <root>/.uv-cache/                 uv's cache: envs are hardlinked from it, so a package is on disk once
+
+The key is the sha256 of the definition (packages sorted; files by their contents), the interpreter's exact
+version, implementation and platform, and the installer (uv, or pip where uv is missing). A folder without a
+valid ``meta.json``, or whose ``env/bin/python`` or ``pyvenv.cfg`` is gone, is never used: `ensure` deletes it
+and builds again. Two processes asking for the same new environment serialise on its lock: the first builds,
+the second waits and finds it ready. A job holds the lock *shared* while it runs (`in_use`, or `flock` on
+`in_use_lock_path` from any process), and `prune`/`remove` take it exclusive without waiting, so an environment
+in use is never deleted. The pattern for a job start is: take the shared lock, then `lookup`; a None means it
+was pruned or broken meanwhile, so release and `ensure`.
+
+Sizes count each inode once (uv hardlinks files between environments and its cache) and leave out uv's cache,
+which is reported on its own: removing environments frees their size, removing uv's cache (``uv cache clean``)
+frees the rest, and environments keep working after it because their hardlinks hold the files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+from deskpod.environment import Environment
+from deskpod.envs.definition import EnvDefinition, parse_environment
+from deskpod.envs.index import PackageSources, package_sources
+from deskpod.envs.python import Interpreter, resolve_python
+from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, RunError, UsageError
+
+KEY_DIR_CHARS = 20
+META_SCHEMA = "deskpod.env/1"
+STATES = ("ready", "building", "broken")
+"""ready: meta.json valid and the env intact; building: its lock is held exclusive; broken: neither (a failed or
+interrupted build, or a damaged env) — `ensure` rebuilds it, `prune` removes it."""
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+CAUSE_MARKERS = ("caused by:", "cause:", "╰─▶", "├─▶", "│")
+MAX_CAUSE_CHARS = 600
+SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+Step = tuple[str, list[str], dict[str, str], Path]
+"""One installer command: (name for messages, argv, environment, working directory)."""
+
+
+class EnvBuildError(RunError):
+    """An environment that could not be built; the message is one line with the installer's own cause."""
+
+
+def default_root(environ: Mapping[str, str] | None = None) -> Path:
+    """``$DESKPOD_ENV_CACHE``, else ``$DESKPOD_HOME/envs``."""
+    env = Environment.read(environ)
+    return env.env_cache or env.home / "envs"
+
+
+def find_uv() -> str | None:
+    """The uv executable: the one installed with deskpod (the ``uv`` package), else ``uv`` on PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        return shutil.which("uv")
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltEnv:
+    """A ready environment."""
+
+    key: str
+    path: Path
+    """The virtual environment (``<root>/<key[:20]>/env``): what a job's PATH and VIRTUAL_ENV point at."""
+    python: Path
+    """``env/bin/python``."""
+    bin_dir: Path
+    built: bool
+    """True when this call built it; False when it was found ready."""
+    seconds: float
+    """Time this call spent building or waiting for another build (0 when found ready at once)."""
+    freeze: Path
+    """``freeze.txt``: the exact packages; the run folder keeps a copy."""
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    @property
+    def inputs(self) -> list[Path]:
+        """What it was built from (requirements.txt; project/pyproject.toml and uv.lock): with `freeze`, what a
+        run folder keeps of the exact environment a job ran in."""
+        names = ("requirements.txt", "project/pyproject.toml", "project/uv.lock")
+        return [self.folder / n for n in names if (self.folder / n).is_file()]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "path": str(self.path), "python": str(self.python), "bin_dir": str(self.bin_dir),
+                "built": self.built, "seconds": round(self.seconds, 3), "freeze": str(self.freeze)}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class EnvEntry:
+    """One folder of the cache, as `EnvCache.entries` sees it."""
+
+    key: str
+    folder: Path
+    kind: str
+    summary: str
+    """What defines it, in one short line (`EnvDefinition.summary`)."""
+    python: str
+    size_bytes: int
+    created: float | None
+    last_used: float | None
+    state: str
+    """One of `STATES`."""
+    in_use: bool
+    """A job holds its lock shared (or it is being built or removed)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "folder": str(self.folder), "kind": self.kind, "summary": self.summary,
+                "python": self.python, "size_bytes": self.size_bytes, "created": self.created,
+                "last_used": self.last_used, "state": self.state, "in_use": self.in_use}  # fmt: skip
+
+
+class EnvCache:
+    """The cache of environments under ``root`` (default `default_root`)."""
+
+    def __init__(self, root: Path | None = None, *, sources: PackageSources | None = None,
+                 installer: str | None = None) -> None:  # fmt: skip
+        """``sources``: where packages come from (default: pip's configuration, `package_sources`);
+        ``installer``: ``"uv"`` or ``"pip"`` (default: uv when it is installed)."""
+        self.root = (Path(root) if root is not None else default_root()).absolute()
+        self._sources = sources
+        self._uv = find_uv()
+        self.installer = installer or ("uv" if self._uv else "pip")
+        if self.installer not in ("uv", "pip") or (self.installer == "uv" and not self._uv):
+            raise ConfigError(f"installer {self.installer!r}: use uv (when installed) or pip")
+        self._installer_version: str | None = None
+
+    # -- where things are ---------------------------------------------------------------------------------
+    @property
+    def uv_cache(self) -> Path:
+        return self.root / ".uv-cache"
+
+    def folder(self, key: str) -> Path:
+        return self.root / key[:KEY_DIR_CHARS]
+
+    def in_use_lock_path(self, key: str) -> Path:
+        """The lock a job holds shared while it runs in the environment (`flock(fd, LOCK_SH)`)."""
+        return self.root / ".locks" / f"{key[:KEY_DIR_CHARS]}.lock"
+
+    @property
+    def sources(self) -> PackageSources:
+        if self._sources is None:
+            self._sources = package_sources()
+        return self._sources
+
+    # -- keys and lookups -----------------------------------------------------------------------------------
+    def key(self, defn: EnvDefinition, interp: Interpreter) -> str:
+        """The sha256 (hex) of what defines the environment, the interpreter and the installer."""
+        definition = defn.to_json()
+        definition.pop("python", None)  # the interpreter below is what the request resolved to
+        if "packages" in definition:
+            definition["packages"] = sorted(definition["packages"])
+        doc = {
+            "definition": definition,
+            "python": {"version": interp.version, "implementation": interp.implementation, "platform": interp.platform},
+            "installer": self.installer,
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def lookup(self, defn: EnvDefinition, interp: Interpreter | None = None) -> BuiltEnv | None:
+        """The ready environment for ``defn``, or None. Runs nothing (the interpreter list is found once per
+        process); reads one small file and checks two paths."""
+        if defn.kind == "image":
+            return None
+        interp = interp or resolve_python(defn.python)
+        key = self.key(defn, interp)
+        return self._ready(key)
+
+    def _ready(self, key: str) -> BuiltEnv | None:
+        folder = self.folder(key)
+        meta = _read_json(folder / "meta.json")
+        if meta is None or meta.get("key") != key or not _intact(folder):
+            return None
+        env = folder / "env"
+        return BuiltEnv(key, env, env / "bin" / "python", env / "bin", False, 0.0, folder / "freeze.txt")
+
+    def touch(self, key: str) -> None:
+        """Record that a job starts in the environment now (the ``last_used`` file's mtime)."""
+        path = self.folder(key) / "last_used"
+        with contextlib.suppress(OSError):
+            path.touch()
+
+    @contextlib.contextmanager
+    def in_use(self, key: str) -> Iterator[None]:
+        """Hold the environment's lock shared for the ``with`` block: `prune` and `remove` leave it alone."""
+        fd = self._open_lock(key)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    def _open_lock(self, key: str) -> int:
+        path = self.in_use_lock_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    # -- building -------------------------------------------------------------------------------------------
+    def ensure(self, defn: EnvDefinition, *, log: IO[bytes], interp: Interpreter | None = None) -> BuiltEnv:
+        """The ready environment for ``defn``, built now if it is not in the cache (output streamed to ``log``
+        and to ``build.log``). Raises `EnvBuildError` (one line, the installer's cause) when the build fails,
+        leaving no ready environment; `ConfigError` for what cannot be built here (an image; a lock without uv)."""
+        if defn.kind == "image":
+            raise ConfigError(f"job spec: environment.image {defn.image!r} runs in a container; it is not built"
+                              " into the environment cache")  # fmt: skip
+        if defn.kind == "lock" and self.installer != "uv":
+            raise ConfigError("job spec: environment.lock needs uv on this box (pip cannot install from a uv.lock);"
+                              " install it (pip install uv) or use requirements")  # fmt: skip
+        start = time.monotonic()
+        interp = interp or resolve_python(defn.python)
+        key = self.key(defn, interp)
+        found = self._ready(key)
+        if found is not None:
+            _say(log, f"deskpod: environment {key[:KEY_DIR_CHARS]} is ready ({defn.summary()}); nothing to install")
+            self.touch(key)
+            return found
+        fd = self._open_lock(key)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _say(log, f"deskpod: environment {key[:KEY_DIR_CHARS]} is being built by another job; waiting for it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            found = self._ready(key)
+            if found is not None:
+                _say(log, f"deskpod: environment {key[:KEY_DIR_CHARS]} is ready ({defn.summary()}); nothing to install")
+                self.touch(key)
+                return replace(found, seconds=time.monotonic() - start)
+            folder = self.folder(key)
+            if folder.exists():
+                _say(log, f"deskpod: removing a half-built or broken environment {folder}")
+                shutil.rmtree(folder)
+            self._build(defn, interp, key, log, fd, start)
+            self.touch(key)
+            built = self._ready(key)
+            if built is None:  # the build said it finished but left something unusable
+                raise EnvBuildError(f"environment {key[:12]} was built but is not intact (env/bin/python missing)")
+            return replace(built, built=True, seconds=time.monotonic() - start)
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _build(self, defn: EnvDefinition, interp: Interpreter, key: str, log: IO[bytes], lock_fd: int,
+               start: float) -> None:  # fmt: skip
+        folder = self.folder(key)
+        env_dir = folder / "env"
+        folder.mkdir(parents=True)
+        _write_json(folder / "definition.json", {"key": key, "definition": defn.to_json(), "python": interp.to_json(),
+                                                 "installer": self.installer, "started": time.time()})  # fmt: skip
+        with open(folder / "build.log", "wb") as build_log:
+            out = _Tee(log, build_log)
+            installer = self._installer_name()
+            out.line(f"deskpod: building environment {key[:KEY_DIR_CHARS]} ({defn.summary()}) on Python"
+                     f" {interp.version} ({interp.path}) with {installer}")  # fmt: skip
+            try:
+                steps = self._steps(defn, interp, folder)
+                for name, argv, env, cwd in steps:
+                    _run_step(name, argv, env, cwd, out, lock_fd)
+                freeze = self._freeze(env_dir, folder)
+                (folder / "freeze.txt").write_text(freeze)
+            except EnvBuildError as e:
+                out.line(f"deskpod: {e}")
+                shutil.rmtree(env_dir, ignore_errors=True)  # build.log and definition.json stay, for `env show`
+                raise
+            except (OSError, subprocess.SubprocessError) as e:
+                out.line(f"deskpod: environment build failed: {e}")
+                shutil.rmtree(env_dir, ignore_errors=True)
+                raise EnvBuildError(f"environment build failed: {e}") from e
+            seconds = time.monotonic() - start
+            size = sum(_inodes(folder).values())
+            out.line(f"deskpod: environment {key[:KEY_DIR_CHARS]} built in {seconds:.1f} s ({format_size(size)})")
+        _write_json(folder / "meta.json", {
+            "schema": META_SCHEMA, "key": key, "definition": defn.to_json(), "python": interp.to_json(),
+            "installer": installer, "created": time.time(), "built_s": round(seconds, 3), "size_bytes": size,
+        })  # fmt: skip
+
+    def _installer_name(self) -> str:
+        """``uv 0.13.9`` or ``pip``, for the log and meta.json."""
+        if self.installer == "pip":
+            return "pip (python -m venv)"
+        if self._installer_version is None:
+            assert self._uv is not None
+            try:
+                self._installer_version = subprocess.run([self._uv, "--version"], capture_output=True, text=True,
+                                                         timeout=30).stdout.split("(")[0].strip() or "uv"  # fmt: skip
+            except (OSError, subprocess.SubprocessError):
+                self._installer_version = "uv"
+        return self._installer_version
+
+    def _environ(self) -> dict[str, str]:
+        """The installer's environment: ours, pip's sources for uv (an admin's own UV_* variables win), and the
+        cache's own uv cache."""
+        env = dict(os.environ)
+        for k, v in self.sources.uv_environment().items():
+            env.setdefault(k, v)
+        env.setdefault("UV_LINK_MODE", "hardlink")
+        env.update({"UV_CACHE_DIR": str(self.uv_cache), "UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1",
+                    "UV_NO_PROGRESS": "1", "PIP_NO_INPUT": "1", "PIP_PROGRESS_BAR": "off"})  # fmt: skip
+        for k in ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH", "PYTHONHOME", "UV_PROJECT_ENVIRONMENT"):
+            env.pop(k, None)
+        return env
+
+    def _steps(self, defn: EnvDefinition, interp: Interpreter, folder: Path) -> list[Step]:
+        """What to run, in order: (name, argv, environment, cwd). The inputs are written into ``folder`` here."""
+        env = self._environ()
+        env_dir = folder / "env"
+        py = str(env_dir / "bin" / "python")
+        if self.installer == "pip":
+            venv: Step = ("python -m venv", [str(interp.path), "-m", "venv", str(env_dir)], env, folder)
+        else:
+            assert self._uv is not None
+            uv = self._uv
+            venv = ("uv venv", [uv, "venv", "--no-project", "--python", str(interp.path), str(env_dir)], env, folder)
+        if defn.pyproject is not None:
+            (folder / "project").mkdir()
+            (folder / "project" / "pyproject.toml").write_text(defn.pyproject.text)
+        if defn.kind == "lock":
+            assert defn.lock is not None
+            (folder / "project" / "uv.lock").write_text(defn.lock.text)
+            sync = [
+                uv,
+                "sync",
+                "--frozen",
+                "--no-install-project",
+                "--project",
+                str(folder / "project"),
+                "--python",
+                py,
+            ]
+            return [venv, ("uv sync", sync, {**env, "UV_PROJECT_ENVIRONMENT": str(env_dir)}, folder)]
+        requirements = folder / "requirements.txt"
+        requirements.write_text(defn.requirements_text())
+        if self.installer == "pip":
+            return [venv, ("pip install", [py, "-m", "pip", "install", "-r", str(requirements)], env, folder)]
+        install = [uv, "pip", "install", "--python", py, *self.sources.uv_arguments(), "-r", str(requirements)]
+        return [venv, ("uv pip install", install, env, folder)]
+
+    def _freeze(self, env_dir: Path, folder: Path) -> str:
+        py = str(env_dir / "bin" / "python")
+        if self.installer == "uv":
+            assert self._uv is not None
+            name, argv = "uv pip freeze", [self._uv, "pip", "freeze", "--python", py]
+        else:
+            name, argv = "pip freeze", [py, "-m", "pip", "freeze"]
+        p = subprocess.run(argv, cwd=folder, env=self._environ(), capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise EnvBuildError(f"environment build failed ({name}): {installer_cause(p.stderr + p.stdout)}")
+        return p.stdout
+
+    # -- listing and cleaning -------------------------------------------------------------------------------
+    def entries(self) -> list[EnvEntry]:
+        """Every environment folder of the cache, oldest use first."""
+        out = [self._entry(folder, _inodes(folder)) for folder in self._folders()]
+        return sorted(out, key=lambda e: (e.last_used or e.created or 0.0, e.key))
+
+    def _folders(self) -> list[Path]:
+        try:
+            return sorted(p for p in self.root.iterdir() if not p.name.startswith(".") and p.is_dir())
+        except OSError:
+            return []
+
+    def _entry(self, folder: Path, inodes: dict[tuple[int, int], int]) -> EnvEntry:
+        meta = _read_json(folder / "meta.json")
+        started = meta or _read_json(folder / "definition.json") or {}
+        key = str(started.get("key") or folder.name)
+        ready = meta is not None and key.startswith(folder.name) and _intact(folder)
+        held = self._held(key)
+        state = "ready" if ready else "building" if held == "exclusive" else "broken"
+        summary, kind = "?", "?"
+        with contextlib.suppress(DeskpodError, TypeError, ValueError):
+            defn = parse_environment(started.get("definition"))
+            summary, kind = defn.summary(), defn.kind
+        python = started.get("python")
+        try:
+            last_used: float | None = (folder / "last_used").stat().st_mtime
+        except OSError:
+            last_used = None
+        created = meta.get("created") if meta else None
+        return EnvEntry(key=key, folder=folder, kind=kind, summary=summary,
+                        python=str(python.get("version", "?")) if isinstance(python, dict) else "?",
+                        size_bytes=sum(inodes.values()), created=float(created) if created is not None else None,
+                        last_used=last_used, state=state, in_use=held is not None)  # fmt: skip
+
+    def _held(self, key: str) -> str | None:
+        """Whether another holds the lock: ``"exclusive"`` (building, removing), ``"shared"`` (a job), or None."""
+        path = self.in_use_lock_path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "exclusive"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return "shared"
+            return None
+        finally:
+            os.close(fd)
+
+    def find(self, prefix: str) -> EnvEntry:
+        """The entry whose key starts with ``prefix``; `NotFoundError` or `UsageError` (ambiguous) otherwise."""
+        prefix = prefix.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{1,64}", prefix):
+            raise UsageError(f"environment {prefix!r}: expected a key or its first characters (hex), as"
+                             " `deskpod env list` shows them")  # fmt: skip
+        folders = [f for f in self._folders() if f.name.startswith(prefix[:KEY_DIR_CHARS])]
+        found = [e for e in (self._entry(f, _inodes(f)) for f in folders) if e.key.startswith(prefix)]
+        if not found:
+            raise NotFoundError(f"no environment {prefix!r} in {self.root}; `deskpod env list` shows them")
+        if len(found) > 1:
+            raise UsageError(f"environment {prefix!r} is ambiguous: {', '.join(e.key[:12] for e in found)}; give more"
+                             " characters")  # fmt: skip
+        return found[0]
+
+    def remove(self, key: str) -> EnvEntry:
+        """Delete one environment (by key or prefix); `ConflictError` while a job uses it or it is being built."""
+        entry = self.find(key)
+        fd = self._open_lock(entry.key)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConflictError(f"environment {entry.key[:12]} is in use by a running job (or being built);"
+                                    " remove it when that is done") from None  # fmt: skip
+            shutil.rmtree(entry.folder)
+        finally:
+            os.close(fd)
+        return entry
+
+    def prune(self, max_bytes: int, *, dry_run: bool = False) -> list[EnvEntry]:
+        """Remove broken folders nobody holds, then ready environments least recently used first, until the
+        cache (uv's own cache left out) is at most ``max_bytes``; never one whose lock is held. Returns what was
+        removed (or, with ``dry_run``, what would be)."""
+        folders = self._folders()
+        inodes = {f: _inodes(f) for f in folders}
+        entries = [self._entry(f, inodes[f]) for f in folders]
+        links: dict[tuple[int, int], int] = {}
+        sizes: dict[tuple[int, int], int] = {}
+        for table in inodes.values():
+            for ino, size in table.items():
+                links[ino] = links.get(ino, 0) + 1
+                sizes[ino] = size
+        total = sum(sizes.values())
+        broken = [e for e in entries if e.state == "broken"]
+        ready = sorted((e for e in entries if e.state == "ready"), key=lambda e: e.last_used or e.created or 0.0)
+        removed: list[EnvEntry] = []
+        for entry in broken + ready:
+            if entry.state == "ready" and total <= max_bytes:
+                break
+            fd = self._open_lock(entry.key)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # in use, or being built
+                if entry.state == "broken" and self._ready(entry.key) is not None:
+                    continue  # rebuilt since we looked
+                if not dry_run:
+                    shutil.rmtree(entry.folder, ignore_errors=True)
+            finally:
+                os.close(fd)
+            for ino in inodes[entry.folder]:
+                links[ino] -= 1
+                if links[ino] == 0:
+                    total -= sizes[ino]
+            removed.append(entry)
+        return removed
+
+    def total_bytes(self, *, exclude: set[str] | frozenset[str] = frozenset()) -> int:
+        """The size of every environment folder (but those whose keys are in ``exclude``), each inode once, uv's
+        cache left out."""
+        skip = {k[:KEY_DIR_CHARS] for k in exclude}
+        seen: dict[tuple[int, int], int] = {}
+        for folder in self._folders():
+            if folder.name not in skip:
+                seen.update(_inodes(folder))
+        return sum(seen.values())
+
+    def uv_cache_bytes(self) -> int:
+        """The size of uv's cache (files it shares with the environments included)."""
+        return sum(_inodes(self.uv_cache).values())
+
+
+class _Tee:
+    """Writes to the caller's log and to build.log."""
+
+    def __init__(self, *outs: IO[bytes]) -> None:
+        self.outs = outs
+
+    def write(self, data: bytes) -> None:
+        for out in self.outs:
+            with contextlib.suppress(OSError, ValueError):
+                out.write(data)
+                out.flush()
+
+    def line(self, text: str) -> None:
+        self.write(text.encode() + b"\n")
+
+
+def _say(log: IO[bytes], text: str) -> None:
+    _Tee(log).line(text)
+
+
+def _run_step(name: str, argv: list[str], env: dict[str, str], cwd: Path, out: _Tee, lock_fd: int) -> None:
+    """Run one installer command, streaming its output; `EnvBuildError` with its cause when it fails.
+
+    The child inherits the build lock, so should this process die, the lock stays held until the installer
+    has exited too and nobody deletes or rebuilds the folder under it."""
+    out.line("$ " + " ".join(argv))
+    tail = bytearray()
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, pass_fds=(lock_fd,))  # fmt: skip
+    except OSError as e:
+        raise EnvBuildError(f"{name} could not start: {e}") from e
+    assert proc.stdout is not None
+    with proc:
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            out.write(chunk)
+            tail += chunk
+            del tail[:-65536]
+    if proc.returncode != 0:
+        raise EnvBuildError(f"environment build failed ({name}): {installer_cause(tail.decode(errors='replace'))}")
+
+
+def installer_cause(output: str) -> str:
+    """The cause of an installer's failure in one line, from its output.
+
+    uv writes ``error: X`` followed by indented ``cause:`` / ``Caused by:`` / ``╰─▶`` lines (with indented
+    continuations) and ``hint:`` lines; pip writes ``ERROR: ...`` lines. The result is ``X: cause: cause`` for
+    uv, the ``ERROR`` lines joined by ``; `` for pip, and the last line of output when neither is found."""
+    lines = [ANSI_RE.sub("", line).rstrip() for line in output.splitlines()]
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in lines:
+        text = line.strip()
+        low = text.lower()
+        if low.startswith("error:") or text.startswith("× "):
+            current = [text.split(":", 1)[1].strip() if low.startswith("error:") else text[2:].strip()]
+            blocks.append(current)
+        elif current is not None and text and not low.startswith(("hint:", "help:", "warning:")):
+            marker = next((m for m in CAUSE_MARKERS if low.startswith(m)), None)
+            if marker is not None:
+                part = text[len(marker) :].strip()
+                if part:
+                    current.append(part)
+            elif line[:1].isspace():
+                current[-1] = f"{current[-1]} {text}".strip()
+            else:
+                current = None
+        else:
+            current = None
+    if blocks:
+        parts = [": ".join(p.rstrip(":") for p in block if p) for block in blocks]
+        cause = "; ".join(dict.fromkeys(p for p in parts if p))
+    else:
+        cause = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
+    cause = " ".join(cause.split())
+    return cause if len(cause) <= MAX_CAUSE_CHARS else cause[: MAX_CAUSE_CHARS - 3] + "..."
+
+
+def _intact(folder: Path) -> bool:
+    env = folder / "env"
+    return (env / "bin" / "python").exists() and (env / "pyvenv.cfg").is_file()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``path`` atomically: a temporary file beside it, flushed to disk, renamed over it."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _inodes(folder: Path) -> dict[tuple[int, int], int]:
+    """``(device, inode) -> size`` of every file and symlink under ``folder`` (not following symlinks)."""
+    out: dict[tuple[int, int], int] = {}
+    stack = [str(folder)]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                out[(st.st_dev, st.st_ino)] = st.st_size
+    return out
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """``500M``, ``20G``, ``1.5T``, ``4096`` (bytes; K/M/G/T are powers of 1024, an optional B or iB after)."""
+    m = SIZE_RE.match(text)
+    if not m:
+        raise UsageError(f"{what} {text!r}: not a size; use a number with K, M, G or T, e.g. 500M or 20G")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
+
+
+def format_size(n: int) -> str:
+    """``1.2G``, ``532M``, ``12K``, ``800B``, as ``du -h`` writes them."""
+    for unit in ("T", "G", "M", "K"):
+        if n >= SIZE_UNITS[unit]:
+            v = n / SIZE_UNITS[unit]
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return f"{n}B"

@@ -1,0 +1,400 @@
+"""What a job's software environment is: the ``[environment]`` table of a job spec, validated where it enters.
+
+One of five kinds, plus the Python to build it on::
+
+    [environment]
+    python = "3.11"                      # or "3.11.7"; default: the daemon's own X.Y (resolved by deskpod.envs.python)
+    packages = ["torch==2.13.0", "six"]  # PEP 508 requirements ... or exactly one of:
+    requirements = "requirements.txt"    # a requirements file: requirement lines (with --hash=...) and comments
+    lock = "uv.lock"                     # a uv lock, with pyproject = "pyproject.toml" (default: the one beside it)
+    pyproject = "pyproject.toml"         # alone: install its [project].dependencies
+    image = "docker.io/library/python:3.11"   # a container image (podman or enroot; deskpod.envs.images)
+
+A file-valued key names a path relative to the spec file's folder (``base_dir``); `parse_environment` reads it
+and keeps ``{"file": NAME, "text": CONTENTS}``, so what defines the environment travels with the job and is
+hashed by its contents. Over HTTP there is no spec file and the daemon never reads a path a user names: the
+client sends ``{"file": NAME, "text": CONTENTS}`` itself (``deskpod submit`` does). Contents are checked here
+(requirement syntax, TOML that parses, a ``[project]`` table), so a bad file is refused at submission.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from deskpod.errors import ConfigError
+
+FIELDS = ("python", "packages", "requirements", "lock", "pyproject", "image")
+KINDS = ("packages", "requirements", "lock", "pyproject", "image")
+"""What defines the environment; a table has exactly one (``lock`` may come with ``pyproject``)."""
+FILE_FIELDS = ("requirements", "lock", "pyproject")
+MAX_FILE_BYTES = 1_000_000
+MAX_PACKAGES = 1000
+MAX_REQUIREMENT_CHARS = 1000
+MAX_IMAGE_CHARS = 512
+PYTHON_RE = re.compile(r"^3\.\d{1,2}(\.\d{1,3})?$")
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
+HASH_RE = re.compile(r"^--hash=[A-Za-z0-9]+:[0-9a-fA-F]+$")
+PREFIX = "job spec: environment."
+
+
+@dataclass(frozen=True, slots=True)
+class EnvFile:
+    """A file that defines an environment: its name as the user wrote it, and its contents."""
+
+    file: str
+    text: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"file": self.file, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvDefinition:
+    """One ``[environment]`` table, validated. Exactly one of the `KINDS` fields is set (``lock`` with ``pyproject``)."""
+
+    python: str | None = None
+    """The Python asked for, ``"3.11"`` or ``"3.11.7"``; None: the daemon's own X.Y."""
+    packages: tuple[str, ...] = ()
+    """PEP 508 requirements, normalised (``six == 1.16`` -> ``six==1.16``), in the order given."""
+    requirements: EnvFile | None = None
+    """A requirements file."""
+    lock: EnvFile | None = None
+    """A ``uv.lock``; ``pyproject`` is then its project file."""
+    pyproject: EnvFile | None = None
+    """A ``pyproject.toml``: the lock's project, or alone, the project whose ``[project].dependencies`` are installed."""
+    image: str | None = None
+    """A container image reference."""
+
+    @property
+    def kind(self) -> str:
+        """``packages``, ``requirements``, ``lock``, ``pyproject`` or ``image``."""
+        if self.image is not None:
+            return "image"
+        if self.lock is not None:
+            return "lock"
+        if self.requirements is not None:
+            return "requirements"
+        if self.pyproject is not None:
+            return "pyproject"
+        return "packages"
+
+    def to_json(self) -> dict[str, Any]:
+        """The canonical stored form; `parse_environment` takes it back unchanged (with or without ``base_dir``)."""
+        out: dict[str, Any] = {}
+        if self.python is not None:
+            out["python"] = self.python
+        if self.image is not None:
+            out["image"] = self.image
+        elif self.lock is not None:
+            out["lock"] = self.lock.to_json()
+            assert self.pyproject is not None
+            out["pyproject"] = self.pyproject.to_json()
+        elif self.requirements is not None:
+            out["requirements"] = self.requirements.to_json()
+        elif self.pyproject is not None:
+            out["pyproject"] = self.pyproject.to_json()
+        else:
+            out["packages"] = list(self.packages)
+        return out
+
+    def summary(self) -> str:
+        """One short line for listings: ``packages six==1.16.0, idna`` or ``requirements.txt (3 requirements)``."""
+        if self.image is not None:
+            return f"image {self.image}"
+        if self.lock is not None:
+            return f"lock {self.lock.file} ({len(_lock_packages(self.lock.text))} packages)"
+        if self.requirements is not None:
+            n = len(requirement_lines(self.requirements))
+            return f"requirements {self.requirements.file} ({n} requirement{'s' * (n != 1)})"
+        if self.pyproject is not None:
+            n = len(project_dependencies(self.pyproject))
+            return f"pyproject {self.pyproject.file} ({n} dependenc{'ies' if n != 1 else 'y'})"
+        shown = ", ".join(self.packages)
+        return "packages " + (shown if len(shown) <= 60 else shown[:57] + "...")
+
+    def requirements_text(self) -> str:
+        """What to hand ``uv pip install -r`` (every kind but lock and image): one requirement per line."""
+        if self.requirements is not None:
+            return self.requirements.text
+        if self.pyproject is not None and self.lock is None:
+            return "".join(r + "\n" for r in project_dependencies(self.pyproject))
+        if self.kind == "packages":
+            return "".join(r + "\n" for r in self.packages)
+        raise ValueError(f"a {self.kind} environment has no requirements list")
+
+
+def _bad(key: str, value: object, valid: str) -> ConfigError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ConfigError(f"{PREFIX}{key} = {shown} is not valid; {valid}")
+
+
+def parse_environment(table: object, *, base_dir: Path | None = None) -> EnvDefinition:
+    """Validate a job spec's ``[environment]`` table (decoded TOML or JSON) into an `EnvDefinition`.
+
+    With ``base_dir`` (a TOML spec: its folder) a file-valued key may be a path, read here; without it (the
+    HTTP API) it must be ``{"file": NAME, "text": CONTENTS}``. Raises `ConfigError` naming the bad value.
+    """
+    if not isinstance(table, Mapping):
+        raise ConfigError(
+            f"job spec: environment must be a table/object with one of {', '.join(KINDS)} (and python), "
+            f'got {type(table).__name__}; e.g. [environment] packages = ["six==1.17.0"]'
+        )
+    unknown = sorted(str(k) for k in table if k not in FIELDS)
+    if unknown:
+        raise ConfigError(f"{PREFIX}{unknown[0]} is not a field; valid fields: {', '.join(FIELDS)}")
+    given = [k for k in KINDS if k in table]
+    if given == ["pyproject", "lock"] or given == ["lock", "pyproject"]:
+        given = ["lock"]
+    if len(given) != 1:
+        raise ConfigError(
+            "job spec: environment: give exactly one of packages (a list of requirements), requirements (a"
+            " requirements.txt), lock (a uv.lock, with its pyproject), pyproject (a pyproject.toml) and image"
+            f" (a container image); got {' and '.join(k for k in KINDS if k in table) or 'none'}"
+        )
+    kind = given[0]
+    python = _python(table.get("python"))
+    if kind == "image":
+        if python is not None:
+            raise _bad("python", python, "an image brings its own Python; leave python out with image")
+        return EnvDefinition(image=_image(table["image"]))
+    if kind == "packages":
+        return EnvDefinition(python=python, packages=_packages(table["packages"]))
+    if kind == "requirements":
+        req = _file("requirements", table["requirements"], base_dir)
+        requirement_lines(req)  # checks every line
+        return EnvDefinition(python=python, requirements=req)
+    if kind == "pyproject":
+        pyproject = _file("pyproject", table["pyproject"], base_dir)
+        project_dependencies(pyproject)
+        return EnvDefinition(python=python, pyproject=pyproject)
+    lock = _file("lock", table["lock"], base_dir)
+    _lock_packages(lock.text, lock.file)
+    if "pyproject" in table:
+        pyproject = _file("pyproject", table["pyproject"], base_dir)
+    elif base_dir is not None and isinstance(table["lock"], str):
+        beside = str(Path(table["lock"]).parent / "pyproject.toml")
+        pyproject = _file("pyproject", beside, base_dir, why=f"a uv.lock needs its pyproject.toml ({beside!r})")
+    else:
+        raise ConfigError(
+            f"{PREFIX}lock {lock.file!r} needs environment.pyproject too: a uv.lock is meaningless without its"
+            ' pyproject.toml; send pyproject = {"file": "pyproject.toml", "text": CONTENTS} beside it'
+        )
+    _project_table(pyproject)
+    return EnvDefinition(python=python, lock=lock, pyproject=pyproject)
+
+
+def _python(v: object) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, float):
+        raise _bad("python", v, 'quote the version: python = "3.11" (as a number, 3.10 would read as 3.1)')
+    if not isinstance(v, str) or not PYTHON_RE.match(v):
+        raise _bad("python", v, 'expected a Python 3 version, "3.11" (the newest 3.11.x here) or "3.11.7" (exactly)')
+    return v
+
+
+def _image(v: object) -> str:
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_IMAGE_CHARS or not IMAGE_RE.match(v):
+        raise _bad("image", v, 'expected a container image reference, e.g. image = "docker.io/library/python:3.11"')
+    return v
+
+
+def _requirement(text: str, where: str) -> str:
+    """One PEP 508 requirement, normalised; a direct reference to a local file is refused (its contents would
+    not be part of what defines, and is hashed for, the environment)."""
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as e:
+        raise ConfigError(
+            f"{PREFIX}{where}: {text!r} is not a valid requirement ({str(e).splitlines()[0]}); "
+            'expected PEP 508, e.g. "six==1.17.0" or "torch>=2.3"'
+        ) from e
+    if req.url is not None and req.url.lower().startswith("file:"):
+        raise ConfigError(
+            f"{PREFIX}{where}: {text!r} points at a local file; its contents would not be part of what defines the"
+            " environment. Put the wheel on a package index or find-links folder and require it by version"
+        )
+    return str(req)
+
+
+def _packages(v: object) -> tuple[str, ...]:
+    if (
+        not isinstance(v, list)
+        or not 1 <= len(v) <= MAX_PACKAGES
+        or not all(isinstance(s, str) and 0 < len(s) <= MAX_REQUIREMENT_CHARS for s in v)
+    ):
+        raise _bad("packages", v, f'expected a list of 1 to {MAX_PACKAGES} requirement strings, e.g. ["six==1.17.0"]')
+    return tuple(_requirement(s, "packages") for s in v)
+
+
+def _file(key: str, v: object, base_dir: Path | None, *, why: str = "") -> EnvFile:
+    """A file-valued key: a path read under ``base_dir``, or ``{"file": NAME, "text": CONTENTS}``."""
+    if isinstance(v, Mapping):
+        if set(v) != {"file", "text"} or not isinstance(v["file"], str) or not isinstance(v["text"], str):
+            raise _bad(key, v, 'expected {"file": NAME, "text": CONTENTS} (both strings) or, in a TOML spec, a path')
+        name, text = v["file"], v["text"]
+        if not 0 < len(name) <= 4096 or "\0" in name:
+            raise _bad(f"{key}.file", name, "expected the file's name, e.g. requirements.txt")
+        if len(text.encode()) > MAX_FILE_BYTES:
+            raise ConfigError(f"{PREFIX}{key} {name!r} is over {MAX_FILE_BYTES // 1_000_000} MB; environments are"
+                              " defined by requirement lists and locks, not data")  # fmt: skip
+        return EnvFile(name, text)
+    if not isinstance(v, str) or not 0 < len(v) <= 4096 or "\0" in v:
+        raise _bad(key, v, f'expected the path of the file, e.g. {key} = "{_example(key)}"')
+    if base_dir is None:
+        raise ConfigError(
+            f"{PREFIX}{key} = {v!r}: the pod service reads no path a request names; send the file itself,"
+            f' {key} = {{"file": "{Path(v).name}", "text": CONTENTS}} (deskpod submit does this for you)'
+        )
+    path = base_dir / v
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"{PREFIX}{key} {v!r} is over {MAX_FILE_BYTES // 1_000_000} MB ({size} bytes);"
+                              " environments are defined by requirement lists and locks, not data")  # fmt: skip
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(
+            f"{PREFIX}{key} {v!r}: cannot read {str(path)!r} ({e.strerror}){'; ' + why if why else ''}"
+        ) from e
+    try:
+        return EnvFile(v, data.decode())
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{PREFIX}{key} {v!r} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+
+
+def _example(key: str) -> str:
+    return {"requirements": "requirements.txt", "lock": "uv.lock", "pyproject": "pyproject.toml"}.get(key, key)
+
+
+def requirement_lines(req: EnvFile) -> list[str]:
+    """The requirements of a requirements file, checked: requirement lines (optionally with ``--hash=...``, as
+    pip-compile and ``uv pip compile --generate-hashes`` write them, continued with ``\\``) and comments. Option
+    lines (``-r``, ``-e``, ``--index-url`` ...) are refused: what a file includes or where it installs from is
+    not part of its text, so two identical files could build different environments."""
+    out: list[str] = []
+    logical: list[tuple[int, str]] = []
+    pending = ""
+    start = 0
+    for n, raw in enumerate(req.text.splitlines(), 1):
+        line = raw if not pending else pending + " " + raw.strip()
+        start = start if pending else n
+        if line.rstrip().endswith("\\"):
+            pending = line.rstrip()[:-1].rstrip()
+            continue
+        pending = ""
+        logical.append((start, line))
+    if pending:
+        logical.append((start, pending))
+    for n, line in logical:
+        text = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if not text:
+            continue
+        where = f"requirements {req.file!r} line {n}"
+        if text.startswith("-"):
+            raise ConfigError(
+                f"{PREFIX}{where}: {text[:80]!r} is an option line; only requirement lines (with --hash=...) and"
+                " comments are allowed (package indexes come from the box's pip configuration)"
+            )
+        requirement, _, options = text.partition(" --")
+        for opt in ("--" + options).split() if options else []:
+            if not HASH_RE.match(opt):
+                raise ConfigError(
+                    f"{PREFIX}{where}: {opt[:80]!r} is not allowed after a requirement; only --hash=ALGO:HEX is"
+                )
+        out.append(_requirement(requirement.strip(), where))
+    return out
+
+
+def _toml(key: str, f: EnvFile) -> dict[str, Any]:
+    try:
+        return tomllib.loads(f.text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{PREFIX}{key} {f.file!r} does not parse: {e}") from e
+
+
+def _project_table(pyproject: EnvFile) -> Mapping[str, Any]:
+    data = _toml("pyproject", pyproject)
+    project = data.get("project")
+    if not isinstance(project, Mapping):
+        raise ConfigError(
+            f"{PREFIX}pyproject {pyproject.file!r} has no [project] table; expected a PEP 621 pyproject.toml"
+            ' with [project] name = "..." and dependencies = [...]'
+        )
+    return project
+
+
+def project_dependencies(pyproject: EnvFile) -> list[str]:
+    """``[project].dependencies`` of a pyproject.toml, checked (a missing list is an empty one)."""
+    project = _project_table(pyproject)
+    if "dependencies" in (project.get("dynamic") or []):
+        raise ConfigError(
+            f"{PREFIX}pyproject {pyproject.file!r} declares its dependencies dynamic; list them in"
+            " [project].dependencies, or send a uv.lock with it (lock = ...)"
+        )
+    deps = project.get("dependencies", [])
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps) or len(deps) > MAX_PACKAGES:
+        raise ConfigError(f"{PREFIX}pyproject {pyproject.file!r}: [project].dependencies must be a list of"
+                          " requirement strings")  # fmt: skip
+    return [_requirement(d, f"pyproject {pyproject.file!r} dependencies") for d in deps]
+
+
+def _lock_packages(text: str, name: str = "uv.lock") -> list[Mapping[str, Any]]:
+    """The ``[[package]]`` entries of a uv.lock, checked to be one (``version`` and packages with names)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{PREFIX}lock {name!r} does not parse: {e}") from e
+    packages = data.get("package")
+    if (
+        not isinstance(data.get("version"), int)
+        or not isinstance(packages, list)
+        or not all(isinstance(p, Mapping) and isinstance(p.get("name"), str) for p in packages)
+    ):
+        raise ConfigError(
+            f"{PREFIX}lock {name!r} does not parse: not a uv.lock (expected version = N and [[package]] entries"
+            " with names; make one with `uv lock`)"
+        )
+    return packages
+
+
+ENVIRONMENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "description": "The job's software environment: one of packages, requirements, lock (with pyproject),"
+    " pyproject and image; files travel as {file, text}.",
+    "properties": {
+        "python": {"type": "string", "pattern": PYTHON_RE.pattern, "example": "3.11"},
+        "packages": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": MAX_REQUIREMENT_CHARS},
+            "minItems": 1,
+            "maxItems": MAX_PACKAGES,
+            "example": ["six==1.17.0"],
+        },
+        **{
+            key: {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["file", "text"],
+                "properties": {
+                    "file": {"type": "string", "example": _example(key)},
+                    "text": {"type": "string", "description": f"the file's contents (at most {MAX_FILE_BYTES} bytes)"},
+                },
+            }
+            for key in FILE_FIELDS
+        },
+        "image": {"type": "string", "maxLength": MAX_IMAGE_CHARS, "example": "docker.io/library/python:3.11"},
+    },
+    "example": {"python": "3.11", "packages": ["six==1.17.0"]},
+}
+"""The ``environment`` field of ``POST /v1/jobs`` for the OpenAPI document; `parse_environment` enforces it."""
