@@ -31,6 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="local",
         help="who runs the jobs: this box (local, default) or the Slurm cluster this is a login node of",
     )
+    p.add_argument("--socket", type=Path, help="the Unix socket local users reach the pod on (default HOME/pod.sock)")
+    p.add_argument("--priority-limit", type=int, default=0,
+                   help="the highest job priority a user who is not an admin may ask for (default 0)")  # fmt: skip
+    p.add_argument("--unmapped-user", default="nobody",
+                   help="a root pod runs jobs of users without an OS account as this account (default nobody)")  # fmt: skip
+    p.add_argument("--no-sandbox", action="store_true", help="run jobs without a bubblewrap sandbox")
+    p.add_argument("--allow-unsandboxed", action="store_true",
+                   help="where bubblewrap cannot run, start anyway and run jobs without walls")  # fmt: skip
+    p.add_argument("--env-cache", type=Path, help="where job environments are kept (default HOME/envs)")
+    p.add_argument("--env-cache-limit", help="prune the environment cache to this size after builds, e.g. 50G")
     p.set_defaults(func=up)
 
     p = sub.add_parser("down", help="stop the pod service (running jobs keep running unless --stop-jobs)")
@@ -52,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--nodes", type=int, help="nodes, each with --devices GPUs (a cluster; default 1)")
     p.add_argument("--partition", help="the Slurm partition (default: the cluster's default)")
     p.add_argument("--dry-run", action="store_true", help="with --cluster: print the sbatch script, submit nothing")
+    p.add_argument("--requirements", type=Path, help="run the command in its own environment: this requirements.txt")
+    p.add_argument("--package", action="append", default=[], metavar="REQ",
+                   help="run the command in its own environment with this package, e.g. torch==2.13.0 (repeatable)")  # fmt: skip
+    p.add_argument("--python", help="the environment's Python version, e.g. 3.11 (default: the pod's own)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="FILE.toml|FILE.json, or -- ARGV...")
     p.set_defaults(func=submit)
 
@@ -95,7 +109,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q = us.add_parser("add", help="create a user and print its token (admin only)")
     q.add_argument("name")
     q.add_argument("--admin", action="store_true")
+    q.add_argument("--os-user", help="the OS account their jobs run as (default: the account of the same name)")
     q.set_defaults(func=user_add)
+    q = us.add_parser("revoke", help="revoke every token and dashboard session of a user (admin, or yourself)")
+    q.add_argument("name")
+    q.set_defaults(func=user_revoke)
     q = us.add_parser("list", help="list users (admin only)")
     q.set_defaults(func=user_list)
     q = us.add_parser("token", help="make another token for a user (admin, or yourself)")
@@ -131,6 +149,13 @@ def up(args: argparse.Namespace) -> int:
         preemption=not args.no_preemption,
         grace_s=args.grace,
         machine=args.machine,
+        priority_limit=args.priority_limit,
+        socket=args.socket.expanduser().resolve() if args.socket else None,
+        sandbox=not args.no_sandbox,
+        allow_unsandboxed=args.allow_unsandboxed,
+        unmapped_user=args.unmapped_user or None,
+        env_cache=args.env_cache.expanduser().resolve() if args.env_cache else None,
+        env_cache_limit=_size(args.env_cache_limit),
     )
     if args.detach:
         return _detach(args, home)
@@ -160,7 +185,13 @@ def _detach(args: argparse.Namespace, home: Path) -> int:
     argv += ["--grace", str(args.grace)] + (["--no-preemption"] if args.no_preemption else [])
     argv += ["--machine", args.machine] if args.machine else []
     argv += ["--no-dashboard"] if args.no_dashboard else []
-    argv += ["--backend", args.backend]
+    argv += ["--backend", args.backend, "--priority-limit", str(args.priority_limit)]
+    argv += ["--unmapped-user", args.unmapped_user]
+    argv += ["--socket", str(args.socket)] if args.socket else []
+    argv += ["--no-sandbox"] if args.no_sandbox else []
+    argv += ["--allow-unsandboxed"] if args.allow_unsandboxed else []
+    argv += ["--env-cache", str(args.env_cache)] if args.env_cache else []
+    argv += ["--env-cache-limit", args.env_cache_limit] if args.env_cache_limit else []
     info = home / "daemon.json"
     info.unlink(missing_ok=True)
     with open(home / "daemon.log", "ab") as log:
@@ -227,7 +258,27 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not eq:
             raise ConfigError(f"--env {item!r}: expected NAME=VALUE")
         spec.setdefault("env", {})[name] = value
+    if args.requirements or args.package or args.python:
+        from deskpod.envs.definition import parse_environment
+
+        table: dict[str, Any] = dict(spec.get("environment") or {})
+        if args.requirements:
+            table["requirements"] = str(args.requirements.resolve())
+        if args.package:
+            table["packages"] = list(args.package)
+        if args.python:
+            table["python"] = args.python
+        spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
     return spec
+
+
+def _size(text: str | None) -> int | None:
+    """``50G``, ``500M``: bytes; None for None."""
+    if text is None:
+        return None
+    from deskpod.envs.cache import parse_size
+
+    return parse_size(text)
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -335,8 +386,10 @@ def status(args: argparse.Namespace) -> int:
 
 def user_add(args: argparse.Namespace) -> int:
     with _client() as c:
-        made = c.add_user(args.name, args.admin)
+        made = c.add_user(args.name, args.admin, args.os_user)
     print(made["token"])
+    if made.get("runs_as"):
+        print(f"deskpod: {made['name']}'s jobs run as the OS account {made['runs_as']}", file=sys.stderr)
     print(f"deskpod: user {made['name']} created; give them this token (shown once): `deskpod user login` saves it",
           file=sys.stderr)  # fmt: skip
     return 0
@@ -345,7 +398,15 @@ def user_add(args: argparse.Namespace) -> int:
 def user_list(args: argparse.Namespace) -> int:
     with _client() as c:
         for u in c.users():
-            print(f"{u['name']}{'  (admin)' if u['admin'] else ''}")
+            runs = f"  (jobs run as {u['runs_as']})" if u.get("runs_as") else ""
+            print(f"{u['name']}{'  (admin)' if u['admin'] else ''}{runs}")
+    return 0
+
+
+def user_revoke(args: argparse.Namespace) -> int:
+    with _client() as c:
+        done = c.revoke(args.name)
+    print(f"deskpod: revoked {done['revoked']} token(s) of {done['name']} and ended their dashboard sessions")
     return 0
 
 

@@ -1,6 +1,7 @@
 """The pod service's HTTP API (FastAPI); its OpenAPI document is served at ``/openapi.json``.
 
-Every endpoint except ``/health`` needs ``Authorization: Bearer <token>``. Every error, whatever
+Every endpoint except ``/health`` needs ``Authorization: Bearer <token>`` — or, on the pod's Unix
+socket, nothing: there the kernel says who the caller is (``SO_PEERCRED``; `deskpod.jobs.identity`). Every error, whatever
 raised it (a bad spec, an unknown route, a query parameter of the wrong type, a bug), answers
 ``{"error": "..."}`` with a 4xx status for bad input and 5xx for our failures. Bodies are read
 with a size cap before any parsing, and specs are validated by `deskpod.jobs.spec` — the schema in
@@ -38,8 +39,9 @@ from deskpod.jobs.spec import SPEC_SCHEMA
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import User
 
-MAX_BODY = 64 * 1024
-"""Bytes; a spec is a few hundred. Larger bodies get 413 before they are parsed."""
+MAX_BODY = 4 << 20
+"""Bytes; a spec is a few hundred, one carrying its environment's lock file up to a few MiB. Larger
+bodies get 413 before they are parsed."""
 MAX_LOG_CHUNK = 1 << 20
 ERROR: dict[str, Any] = {
     "description": "the request was refused; `error` says why in one line",
@@ -86,9 +88,16 @@ class ServerTiming:
         await self.app(scope, receive, timed)
 
 
+PEER = "deskpod.peer"
+"""The scope key under which the daemon's HTTP protocol puts a Unix-socket caller's `identity.Peer`."""
+
+
 def current_user(request: Request, authorization: Annotated[str | None, Header()] = None) -> User:
-    """The caller, from its bearer token (every endpoint but /health depends on this)."""
+    """The caller: from its bearer token, or on the Unix socket from the kernel (every endpoint but /health)."""
     pod: Pod = request.app.state.pod
+    peer = request.scope.get(PEER)
+    if peer is not None and not authorization and pod.accounts is not None:
+        return pod.accounts.user_of(peer)
     return auth.authenticate(pod.store, authorization)
 
 
@@ -158,7 +167,7 @@ def create_app(
 
     @app.get("/v1/whoami", tags=["users"])
     def whoami(user: Caller) -> dict[str, Any]:
-        return {"name": user.name, "admin": user.admin}
+        return {"name": user.name, "admin": user.admin, "runs_as": runs_as(pod, user)}
 
     @app.post(
         "/v1/jobs",
@@ -231,7 +240,11 @@ def create_app(
         "type": "object",
         "additionalProperties": False,
         "required": ["name"],
-        "properties": {"name": {"type": "string", "pattern": auth.USER_RE.pattern}, "admin": {"type": "boolean"}},
+        "properties": {
+            "name": {"type": "string", "pattern": auth.USER_RE.pattern},
+            "admin": {"type": "boolean"},
+            "os_user": {"type": "string", "description": "the OS account the user's jobs run as (a root pod)"},
+        },
     }
 
     @app.post(
@@ -243,19 +256,30 @@ def create_app(
     async def add_user(request: Request, user: Caller) -> dict[str, Any]:
         """Create a user and its first token (admin only); the token is shown only here."""
         auth.require_admin(user)
-        data = body_object(await json_body(request), ("name", "admin"))
+        data = body_object(await json_body(request), ("name", "admin", "os_user"))
         name = auth.check_user_name(data.get("name"))
         admin = data.get("admin", False)
         if not isinstance(admin, bool):
             raise ConfigError(f"admin = {admin!r}: expected true or false")
-        if not store.add_user(name, admin):
+        os_user = pod.accounts.check_os_user(data.get("os_user")) if pod.accounts is not None else None
+        if not store.add_user(name, admin, os_user):
             raise ConflictError(f"user {name!r} exists already; make another token with POST /v1/users/{name}/tokens")
-        return {"name": name, "admin": admin, "token": auth.new_token(store, name)}
+        made = {"name": name, "admin": admin, "token": auth.new_token(store, name)}
+        return {**made, "runs_as": runs_as(pod, store.user(name))}
 
     @app.get("/v1/users", tags=["users"])
     def list_users(user: Caller) -> dict[str, Any]:
         auth.require_admin(user)
-        return {"users": [{"name": u.name, "admin": u.admin} for u in store.users()]}
+        return {"users": [{"name": u.name, "admin": u.admin, "runs_as": runs_as(pod, u)} for u in store.users()]}
+
+    @app.post("/v1/users/{name}/revoke", tags=["users"])
+    def revoke(name: str, user: Caller) -> dict[str, Any]:
+        """Revoke every token and dashboard session of a user: an admin for anyone, a user for themself."""
+        if name != user.name:
+            auth.require_admin(user)
+        if store.user(name) is None:
+            raise NotFoundError(f"no user {name!r}")
+        return {"name": name, "revoked": store.revoke(name)}
 
     @app.post("/v1/users/{name}/tokens", status_code=201, tags=["users"])
     def add_token(name: str, user: Caller) -> dict[str, Any]:
@@ -281,6 +305,16 @@ def create_app(
     for extend in extensions:
         extend(app, pod)
     return app
+
+
+def runs_as(pod: Pod, user: User | None) -> str | None:
+    """The OS account a user's jobs run as (None: the pod does not switch accounts, or none fits)."""
+    if user is None or pod.accounts is None:
+        return None
+    try:
+        return pod.accounts.account_for(user).name
+    except DeskpodError:
+        return None
 
 
 def parse_state(state: str) -> JobState:

@@ -87,11 +87,17 @@ def check_user_name(name: object) -> str:
     return name
 
 
-def bootstrap(store: Store) -> str | None:
-    """On an empty store, create the admin and return its first token; else None."""
+def bootstrap(store: Store, os_user: str | None = None) -> str | None:
+    """On an empty store, create the admin (its jobs run as ``os_user``) and return its first token; else None.
+
+    A store from before OS accounts gets its admin mapped to ``os_user`` here too.
+    """
     if store.users():
+        admin = store.user(ADMIN)
+        if admin is not None and admin.os_user is None and os_user is not None:
+            store.set_os_user(ADMIN, os_user)
         return None
-    store.add_user(ADMIN, admin=True)
+    store.add_user(ADMIN, admin=True, os_user=os_user)
     return new_token(store, ADMIN)
 
 

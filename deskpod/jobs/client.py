@@ -1,8 +1,10 @@
 """The pod service's HTTP client, used by the CLI and by ``deskpod train --submit``.
 
-Where it connects: ``DESKPOD_URL``, else the ``url`` in ``<DESKPOD_HOME>/daemon.json`` that a local
-``deskpod up`` wrote. Its token: the file ``DESKPOD_TOKEN_FILE`` (default ``<DESKPOD_HOME>/token``),
-which must be readable by its owner only. An answer ``{"error": ...}`` becomes the matching
+Where it connects, first found: the Unix socket ``DESKPOD_SOCKET``; the URL ``DESKPOD_URL``; the
+socket, else the URL, in ``<DESKPOD_HOME>/daemon.json`` that a local ``deskpod up`` wrote; the
+system pod's socket `SYSTEM_SOCKET`. On a socket the kernel tells the pod who you are: no token.
+Over HTTP its token is the file ``DESKPOD_TOKEN_FILE`` (default ``<DESKPOD_HOME>/token``), which
+must be readable by its owner only. An answer ``{"error": ...}`` becomes the matching
 `deskpod.errors` class, so the CLI prints one line and exits 2 for bad input, 1 for failures.
 """
 
@@ -52,6 +54,27 @@ def read_token(path: Path) -> str:
     return token
 
 
+SYSTEM_SOCKET = Path("/run/deskpod/pod.sock")
+"""Where a box-wide pod listens when its admin starts it with ``deskpod up --socket /run/deskpod/pod.sock``."""
+
+
+def find_socket(env: Environment) -> Path | None:
+    """The pod's Unix socket to use, or None to go over HTTP (see the module docstring for the order)."""
+    if env.pod_socket is not None:
+        return env.pod_socket
+    if env.pod_url:
+        return None
+    try:
+        given = json.loads((env.home / "daemon.json").read_text()).get("socket")
+    except (OSError, ValueError, AttributeError):
+        given = None
+    if given and Path(given).is_socket():
+        return Path(given)
+    if given is None and not (env.home / "daemon.json").exists() and SYSTEM_SOCKET.is_socket():
+        return SYSTEM_SOCKET
+    return None
+
+
 def find_url(env: Environment) -> str:
     if env.pod_url:
         return env.pod_url.rstrip("/")
@@ -77,7 +100,17 @@ class PodClient:
     @classmethod
     def from_environment(cls, env: Environment | None = None) -> PodClient:
         env = env or Environment.read()
+        sock = find_socket(env)
+        if sock is not None:
+            return cls.over_socket(sock)
         return cls(find_url(env), read_token(token_path(env)))
+
+    @classmethod
+    def over_socket(cls, path: Path, *, timeout: float = 30.0) -> PodClient:
+        """A client on the pod's Unix socket: the kernel identifies the caller, no token is sent."""
+        client = cls("http://pod", None, timeout=timeout, transport=httpx.HTTPTransport(uds=str(path)))
+        client.url = str(path)
+        return client
 
     def close(self) -> None:
         self._http.close()
@@ -141,8 +174,14 @@ class PodClient:
     def metrics(self) -> str:
         return self.request("GET", "/metrics").text
 
-    def add_user(self, name: str, admin: bool = False) -> dict[str, Any]:
-        return dict(self.request("POST", "/v1/users", json={"name": name, "admin": admin}).json())
+    def add_user(self, name: str, admin: bool = False, os_user: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "admin": admin}
+        if os_user is not None:
+            body["os_user"] = os_user
+        return dict(self.request("POST", "/v1/users", json=body).json())
+
+    def revoke(self, name: str) -> dict[str, Any]:
+        return dict(self.request("POST", f"/v1/users/{_quoted(name)}/revoke").json())
 
     def users(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "/v1/users").json()["users"])

@@ -4,9 +4,14 @@ Files under the home (``DESKPOD_HOME``, default ``~/.deskpod``)::
 
     pod.db            SQLite (WAL): users, token hashes, jobs, history
     daemon.lock       held (flock) while a daemon runs: a second one on the same home is refused
-    daemon.json       {"url", "pid"}: how the CLI on this box finds the service
+    daemon.json       {"url", "socket", "pid"}: how the CLI on this box finds the service
+    pod.sock          the Unix socket: local users need no token, the kernel says who they are
     token             the admin token written on first start (mode 0600), unless DESKPOD_TOKEN_FILE says elsewhere
-    jobs/<id>/        output.log, exit.<attempt>, pid.<attempt>, and for train jobs train.toml and runs/
+    jobs/<id>/        the job's folder, its user's (mode 0700): output.log, exit/pid/phase.<attempt>, for
+                      train jobs train.toml and runs/, for jobs with an [environment] env-build.log and environment/
+    envs/             the environments jobs asked for (`deskpod env list`), shared by all jobs
+
+The home is mode 0711 on a root pod (users reach their job folders and the socket, nothing else).
 
 The daemon may be SIGKILLed at any instant: the lock dies with it, the store is transactional, and
 the next ``deskpod up`` re-adopts the jobs that still run (see `deskpod.jobs.pod`). SIGTERM/SIGINT
@@ -57,6 +62,83 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _bind_unix(path: Path) -> socket.socket:
+    """The pod's Unix socket, connectable by every local user (the kernel tells who connected)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.exists():
+        if path.is_symlink() or not path.is_socket():
+            raise UsageError(f"cannot listen on {path}: it exists and is not a socket; pick another --socket")
+        path.unlink()  # a previous daemon's (the home's lock says none runs now)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"cannot listen on {path}: {e.strerror}; pick another --socket") from e
+    os.chmod(path, 0o666)
+    sock.listen(512)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _protocol() -> type[Any]:
+    """uvicorn's HTTP protocol, telling the app who is on the other end of a Unix-socket connection."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from deskpod.jobs.api import PEER
+    from deskpod.jobs.identity import peer_of
+
+    class PeerProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            self.deskpod_peer = peer_of(sock) if sock is not None else None
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self.deskpod_peer is not None:
+                self.scope[PEER] = self.deskpod_peer  # type: ignore[literal-required]
+
+    return PeerProtocol
+
+
+def _isolation(config: PodConfig, env: Environment, store: Any) -> Any:
+    """Accounts, environments and walls of the pod's jobs; refuses a root pod without a sandbox unless allowed."""
+    from deskpod.envs.cache import EnvCache
+    from deskpod.envs.sandbox import check_sandbox
+    from deskpod.jobs.identity import Accounts
+    from deskpod.jobs.isolation import Isolation
+
+    accounts = Accounts(store, unmapped=config.unmapped_user)
+    print(f"deskpod: {accounts.describe()}", flush=True)
+    sandbox = config.sandbox
+    if sandbox:
+        why = check_sandbox()
+        if why is not None:
+            if accounts.root and not config.allow_unsandboxed:
+                raise UsageError(
+                    f"cannot sandbox jobs: {why}; install bubblewrap (apt-get install bubblewrap), or start with "
+                    "--allow-unsandboxed to run jobs without walls (each still as its own user)"
+                )
+            print(f"deskpod: WARNING: jobs run without a sandbox: {why}", file=sys.stderr, flush=True)
+            sandbox = False
+    elif accounts.root:
+        print("deskpod: WARNING: --no-sandbox: jobs run without walls (each still as its own user)", flush=True)
+    hidden = [config.home]
+    if env.token_file is not None:
+        hidden.append(env.token_file)
+    envs = EnvCache(config.env_cache or env.env_cache or config.home / "envs")
+    envs.root.mkdir(parents=True, exist_ok=True)
+    os.chmod(envs.root, 0o755)  # every job's account runs the environments' interpreters
+    return Isolation(
+        envs=envs,
+        accounts=accounts,
+        sandbox=sandbox,
+        hidden=tuple(hidden),
+        dev_dir=env.dev_dir,
+    )
+
+
 def _catalog_topology(name: str) -> Any:
     """A catalog machine's topology, to try the scheduler on a box this one only pretends to be."""
     from deskpod.hardware.placement import machine
@@ -88,11 +170,22 @@ def serve(
     env = env or Environment.read()
     home = config.home
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if os.geteuid() == 0:  # users reach their own job folders and the socket through it, and list nothing
+        os.chmod(home, 0o711)
+        (home / "jobs").mkdir(exist_ok=True, mode=0o711)
+        os.chmod(home / "jobs", 0o711)
     lock = _lock(home)
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
+    unix_path = config.socket or home / "pod.sock"
+    try:
+        unix = _bind_unix(unix_path)
+    except BaseException:
+        sock.close()
+        raise
     store = Store(home / "pod.db")
-    token = auth.bootstrap(store)
+    isolation = _isolation(config, env, store) if executor is None else None
+    token = auth.bootstrap(store, os_user=isolation.accounts.daemon.name if isolation is not None else None)
     if token is not None:
         path = env.token_file or home / "token"
         auth.write_token_file(path, token)
@@ -108,6 +201,7 @@ def serve(
         place=lambda f, k, p: place(topo, f, k, policy=p),
         topology=topo,
         executor=executor,
+        isolation=isolation,
     )
     pod.start()
 
@@ -127,18 +221,21 @@ def serve(
     app = create_app(pod, on_shutdown=on_shutdown, extensions=extensions)
     # Live streams watch pod.stopping and end within a second; the timeout is the backstop.
     server = Server(
-        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5)
+        uvicorn.Config(
+            app, http=_protocol(), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
+        )
     )
     servers.append(server)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     info = home / "daemon.json"
-    info.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    info.write_text(json.dumps({"url": url, "socket": str(unix_path), "pid": os.getpid()}))
+    os.chmod(info, 0o644)
     what = "GPUs" if kind == "cuda" else "CPU worker slots"
-    print(f"deskpod: pod service on {url} (home {home}, {topo.device_count} {what})", flush=True)
+    print(f"deskpod: pod service on {url} and {unix_path} (home {home}, {topo.device_count} {what})", flush=True)
     if extensions:
         print(f"deskpod: dashboard on {url}/ui/ (sign in with a user's token)", flush=True)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[sock, unix])
     finally:
         pod.close(stop_jobs=stop_jobs[0])
         store.close()
@@ -146,6 +243,9 @@ def serve(
             if json.loads(info.read_text()).get("pid") == os.getpid():
                 info.unlink()
         sock.close()
+        unix.close()
+        with contextlib.suppress(OSError):
+            unix_path.unlink()
         lock.close()
     print("deskpod: pod service stopped", file=sys.stderr, flush=True)
     return 0

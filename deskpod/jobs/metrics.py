@@ -26,7 +26,7 @@ def render(status: dict[str, Any], counts: dict[str, int], durations: Sequence[f
 
     family("deskpod_queue_length", "gauge", "Jobs waiting for devices.")
     out.append(f"deskpod_queue_length {status['queued']}")
-    family("deskpod_jobs_running", "gauge", "Jobs starting or running.")
+    family("deskpod_jobs_running", "gauge", "Jobs starting, building their environment, or running.")
     out.append(f"deskpod_jobs_running {status['running']}")
     family("deskpod_jobs", "gauge", "Jobs by state.")
     for state in JobState:

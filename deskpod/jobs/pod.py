@@ -25,19 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import ConfigError, ConflictError, DeviceError, NotFoundError
+from deskpod.errors import AccessError, ConfigError, ConflictError, DeviceError, NotFoundError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast, forecast
+from deskpod.jobs.isolation import Isolation, Prepared
 from deskpod.jobs.scheduler import Running, Waiting, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord, Store, User
 
 S = JobState
-ACTIVE = (S.STARTING, S.RUNNING)
+ACTIVE = (S.STARTING, S.BUILDING, S.RUNNING)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,12 +58,29 @@ class PodConfig:
     machine: str | None = None
     """Schedule as if this box were this catalog machine (``deskpod up --machine dgx1-v100``); the jobs
     still run here and get the simulated device indices. For trying policies and for tests."""
+    priority_limit: int = 0
+    """The highest priority a user who is not an admin may give a job, so that nobody can preempt
+    others at will (``deskpod up --priority-limit``)."""
+    socket: Path | None = None
+    """The Unix socket local users reach the pod on, identified by the kernel (default ``<home>/pod.sock``)."""
+    sandbox: bool = True
+    """Run each job in a bubblewrap sandbox (``deskpod up --no-sandbox`` is the admin's opt-out)."""
+    allow_unsandboxed: bool = False
+    """Where bubblewrap cannot run, start anyway and run jobs without walls (after a warning)."""
+    unmapped_user: str | None = "nobody"
+    """A root pod runs the jobs of users without an OS account of their own as this account."""
+    env_cache: Path | None = None
+    """Where job environments are built and kept (default ``<home>/envs``)."""
+    env_cache_limit: int | None = None
+    """Bytes the environment cache may hold; the least recently used are pruned after each build."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port {self.port}: expected 0-65535")
         if not 0 <= self.grace_s <= 3600:
             raise ConfigError(f"--grace {self.grace_s}: expected seconds from 0 to 3600")
+        if not -1000 <= self.priority_limit <= 1000:
+            raise ConfigError(f"--priority-limit {self.priority_limit}: expected -1000 to 1000")
 
 
 class Pod:
@@ -79,6 +97,7 @@ class Pod:
         clock: Callable[[], float] = time.time,
         topology: Topology | None = None,
         executor: Executor | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self.config, self.store, self.device_count, self.device_kind = config, store, device_count, device_kind
         self.place, self.clock = place, clock
@@ -86,6 +105,10 @@ class Pod:
         """The box's topology as the scheduler sees it (the dashboard draws it); None in unit tests."""
         self.executor = executor
         """Who runs the jobs when not this box (see `deskpod.jobs.executor`); None: this box does."""
+        self.isolation = isolation
+        """Accounts, environments and sandboxes of job processes (`deskpod.jobs.isolation`); None: the
+        daemon's own account and Python, no walls (a pod in a unit test)."""
+        self.accounts = isolation.accounts if isolation is not None else None
         self.sup = sv.Supervisor()
         # The daemon's own CUDA_VISIBLE_DEVICES: device i of its topology is entry i of that list.
         self._visible = Environment.read().cuda_visible_devices
@@ -102,12 +125,14 @@ class Pod:
         """Validate, refuse what can never fit this box, record as queued, wake the loop."""
         if self.executor is not None:
             spec = parse_spec(data)
+            self._check_priority(user, spec)
             self.executor.check(spec)
             job = self.store.submit(user.name, spec, int(spec.devices) if str(spec.devices).isdigit() else 0,
                                     self.clock())  # fmt: skip
             self.wake()
             return job
         spec = parse_spec(data, device_count=self.device_count)
+        self._check_priority(user, spec)
         if spec.nodes > 1:
             raise ConfigError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "
@@ -118,6 +143,11 @@ class Pod:
             raise ConfigError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
         if spec.serve is not None:
             _check_servable(Path(spec.serve["run"]))
+        if self.isolation is not None:
+            self.isolation.check(spec)
+            self.isolation.account(user)  # a user without an account to run as is refused now, not at start
+        elif spec.environment is not None:
+            raise ConfigError("job spec: environment: this pod runs jobs in its own Python only")
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
         if k > self.device_count:
             raise DeviceError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
@@ -127,6 +157,14 @@ class Pod:
         job = self.store.submit(user.name, spec, k, self.clock())
         self.wake()
         return job
+
+    def _check_priority(self, user: User, spec: JobSpec) -> None:
+        limit = self.config.priority_limit
+        if spec.priority > limit and not user.admin:
+            raise AccessError(
+                f"job spec: priority = {spec.priority} is above this pod's limit for users ({limit}); only an admin "
+                "may submit above it (the admin sets the limit: deskpod up --priority-limit N)"
+            )
 
     def visible_job(self, user: User, job_id: str) -> JobRecord:
         """The job, if ``user`` may see it; another user's job looks like no job at all."""
@@ -242,7 +280,11 @@ class Pod:
         pid = job.pid
         if pid is None:
             return
-        done, code = self.sup.finished(pid, job.pid_start, self._files(job).exit_file(job.attempt))
+        files = self._files(job)
+        done, code = self.sup.finished(pid, job.pid_start, files.exit_file(job.attempt))
+        if job.state is S.BUILDING and files.phase(job.attempt) == "running":
+            self._built(job, now)
+            job = self.store.job(job.id) or job
         if done:
             self._finish(job, code, now)
             return
@@ -262,10 +304,26 @@ class Pod:
             elif now >= job.stop_deadline:
                 sv.signal_group(pid, job.pid_start, signal.SIGKILL)
 
+    def _built(self, job: JobRecord, now: float) -> None:
+        """A job's environment is ready and its own command started: ``building`` -> ``running``."""
+        took = now - (job.started_at or now)
+        moved = self.store.transition(job.id, S.RUNNING, f"environment ready after {took:.1f} s; running",
+                                      expect=[S.BUILDING], started_at=now)  # fmt: skip
+        if moved and self.isolation is not None:
+            try:
+                self.isolation.record(job.spec, self.job_folder(job), None)
+            except OSError as e:
+                self.store.note(job.id, f"could not record the environment: {e}")
+            if self.config.env_cache_limit is not None:
+                self.isolation.prune_soon(self.config.env_cache_limit)
+
     def _finish(self, job: JobRecord, code: int | None, now: float) -> None:
         """Record how a job's process ended and decide: done, requeued, or retried."""
         if job.pid is not None:
             sv.kill_leftovers(job.pid, job.pid_start)  # nothing of a job outlives it
+        if job.state is S.BUILDING and code == 0:  # its command ran and ended before the loop saw it start
+            self._built(job, now)
+            job = self.store.job(job.id) or job
         base: dict[str, Any] = {
             "exit_code": code,
             "finished_at": now,
@@ -291,6 +349,8 @@ class Pod:
                 new, note = S.FAILED, f"exceeded max_runtime {job.max_runtime:g} s (exit code {code})"
             elif code is None:
                 new, note = S.LOST, "process gone without an exit code"
+            elif self._files(job).phase(job.attempt) == "build-failed":
+                new, note = S.FAILED, f"environment build failed: {build_error(self._files(job).log)}"
             else:
                 new, note = S.FAILED, f"exit code {code}"
             self.store.transition(job.id, new, note, reason=note, failures=job.failures + 1, **base)
@@ -353,12 +413,20 @@ class Pod:
         try:
             argv = self._argv(job, files.folder)
             cwd = Path(job.spec.workdir) if job.spec.workdir else files.folder
-            files.folder.mkdir(parents=True, exist_ok=True)
-            with open(files.log, "ab") as log:
+            env = self._env(job, devices, port)
+            if self.isolation is not None:
+                prep = self.isolation.prepare(
+                    job.spec, self.store.user(job.user), files.folder, argv, env, devices=devices,
+                    gpus=self.device_kind == "cuda", phase_file=files.phase_file(attempt),
+                )  # fmt: skip
+            else:
+                files.folder.mkdir(parents=True, exist_ok=True)
+                prep = Prepared(argv, env, [], None, False)
+            with sv.open_log(files.log, prep.owner) as log:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock()))
                 log.write(f"--- deskpod: job {job.id} attempt {attempt} on devices {shown} at {stamp} ---\n".encode())
             pid, started = self.sup.spawn(
-                argv, env=self._env(job, devices, port), cwd=cwd, files=files, attempt=attempt
+                prep.argv, env=prep.env, cwd=cwd, files=files, attempt=attempt, options=prep.options, owner=prep.owner
             )
         except Exception as e:  # whatever stops the start, the job must not stay "starting"
             self.store.transition(
@@ -370,9 +438,17 @@ class Pod:
                 assigned="",
             )
             return
+        for note in prep.notes:
+            self.store.note(job.id, note)
+        new = S.BUILDING if prep.building else S.RUNNING
         self.store.transition(
-            job.id, S.RUNNING, f"pid {pid}", expect=[S.STARTING], pid=pid, pid_start=started, started_at=self.clock()
+            job.id, new, f"pid {pid}", expect=[S.STARTING], pid=pid, pid_start=started, started_at=self.clock()
         )
+        if new is S.RUNNING and self.isolation is not None:
+            try:
+                self.isolation.record(job.spec, files.folder, prep.owner)
+            except OSError as e:
+                self.store.note(job.id, f"could not record the environment: {e}")
 
     def _argv(self, job: JobRecord, folder: Path) -> list[str]:
         spec: JobSpec = job.spec
@@ -382,9 +458,11 @@ class Pod:
             return list(spec.command)
         import tomli_w
 
+        from deskpod.envs.accounts import write_no_follow
+
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "train.toml"
-        config.write_text(tomli_w.dumps(dict(spec.train)))
+        write_no_follow(config, tomli_w.dumps(dict(spec.train)).encode())  # the folder may be the job user's
         out = folder / "runs"  # run_dir() names the same folder
         argv = [
             sys.executable,
@@ -430,7 +508,8 @@ class Pod:
                 pid = sv.read_exit(files.pid_file(job.attempt))  # the shim's own pid file: same format
                 started = sv.start_time(pid) if pid is not None else None
             if job.state is S.STARTING and pid is not None:
-                self.store.transition(job.id, S.RUNNING, f"pid {pid} (started before the daemon stopped)",
+                new = S.BUILDING if files.phase(job.attempt) in ("building", "build-failed") else S.RUNNING
+                self.store.transition(job.id, new, f"pid {pid} (started before the daemon stopped)",
                                       pid=pid, pid_start=started, started_at=now)  # fmt: skip
                 job = self.store.job(job.id) or job
             code = sv.read_exit(files.exit_file(job.attempt))
@@ -470,7 +549,7 @@ class Pod:
         out = {
             "devices": devices,
             "queued": counts.get("queued", 0),
-            "running": counts.get("running", 0) + counts.get("starting", 0),
+            "running": counts.get("running", 0) + counts.get("starting", 0) + counts.get("building", 0),
             "preemption": self.config.preemption,
             "grace_s": self.config.grace_s,
         }
@@ -498,6 +577,18 @@ def _check_servable(run: Path) -> None:
         raise ConfigError(f"job spec: serve.run {str(run)!r} is not a run folder on this box")
     if not has_checkpoint(run):
         raise ConfigError(f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)")
+
+
+def build_error(log: Path) -> str:
+    """The one line ``deskpod env build`` printed on failing (``deskpod: ...``), from the end of the job's log."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            tail = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        tail = []
+    said = [line[len("deskpod: ") :] for line in tail if line.startswith("deskpod: ")]
+    return said[-1] if said else "see env-build.log in the job's folder"
 
 
 def free_port() -> int:

@@ -16,6 +16,9 @@ daemon stores it, so nothing is ever executed from a bad spec::
     nodes = 1                        # on a cluster backend (Slurm): nodes, each with `devices` GPUs
     [env]
     SEED = "1"
+    [environment]                    # the job's own Python and packages (deskpod.envs), built once, cached
+    requirements = "requirements.txt"    # or lock = "uv.lock" / pyproject = "pyproject.toml" / packages = [...]
+    python = "3.11"                      # or image = "docker.io/..." (needs podman or enroot)
     [slurm]                          # only read where the job goes to Slurm
     partition = "gpu"                # default: the cluster's default partition
     account = "proj"                 # and qos = "..."
@@ -50,6 +53,7 @@ from typing import Any
 
 import tomli_w
 
+from deskpod.envs.definition import ENVIRONMENT_SCHEMA, EnvDefinition, parse_environment
 from deskpod.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -68,7 +72,7 @@ MAX_TRAIN_CHARS = 32768
 
 FIELDS = (
     "name", "command", "train", "serve", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
-    "nodes", "slurm",
+    "nodes", "slurm", "environment",
 )  # fmt: skip
 MAX_NODES = 4096
 SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues", "max_node_failures", "stage_data",
@@ -111,6 +115,8 @@ class JobSpec:
     """Nodes of a cluster backend, each running ``devices`` devices; a single box has one."""
     slurm: Mapping[str, Any] = field(default_factory=dict)
     """How the job goes to Slurm (`SLURM_FIELDS`, defaults filled in); ignored by a local pod."""
+    environment: EnvDefinition | None = None
+    """The job's own software environment (`deskpod.envs`); None: the daemon's own Python."""
 
     @property
     def kind(self) -> str:
@@ -131,6 +137,8 @@ class JobSpec:
             out["nodes"] = self.nodes
         if self.slurm:
             out["slurm"] = dict(self.slurm)
+        if self.environment is not None:
+            out["environment"] = self.environment.to_json()
         if self.train is not None:
             out["train"] = dict(self.train)
         elif self.serve is not None:
@@ -271,7 +279,20 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         workdir=workdir,
         nodes=_int(data, "nodes", 1, 1, MAX_NODES),
         slurm=_slurm(data["slurm"]) if "slurm" in data else {},
+        environment=_environment(data.get("environment"), train is not None or serve is not None),
     )
+
+
+def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:
+    """The ``[environment]`` table; file values must arrive as ``{"file", "text"}`` (the CLI reads them)."""
+    if table is None:
+        return None
+    if deskpod_job:
+        raise ConfigError(
+            "job spec: environment applies to command jobs; a train or serve job runs deskpod itself, in the "
+            'daemon\'s Python (for your own script in your own packages: command = ["python", "train.py"])'
+        )
+    return parse_environment(table)
 
 
 def _slurm(t: object) -> dict[str, Any]:
@@ -348,6 +369,8 @@ def load_spec_file(path: Path) -> dict[str, Any]:
         ) from e
     if not isinstance(data, dict):
         raise ConfigError(f"job spec {str(path)!r}: expected a table of fields")
+    if "environment" in data:  # files it names are read here, beside the spec, and sent as their contents
+        data["environment"] = parse_environment(data["environment"], base_dir=path.parent).to_json()
     return data
 
 
@@ -381,6 +404,7 @@ SPEC_SCHEMA: dict[str, Any] = {
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
         "workdir": {"type": "string"},
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
+        "environment": ENVIRONMENT_SCHEMA,
         "slurm": {
             "type": "object",
             "additionalProperties": False,

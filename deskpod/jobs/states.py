@@ -3,7 +3,10 @@
 ::
 
     queued ──> starting ──> running ──> succeeded
-      │  ^        │            │ ├────> failed ────┐
+      │  ^        │  ^         │ ├────> failed ────┐
+      │  │        v  │         │ │                 │
+      │  │      building ──────┼─┤ (failed, cancelled, preempted, lost: as from running)
+      │  │                     │ ├────> failed ────┤
       │  │        │            │ ├────> cancelled ─┤ requeued by a user (cancelled, failed, lost)
       │  │        │            │ ├────> preempted ─┤ always back to queued (resumes)
       │  │        │            │ └────> lost ──────┤ retries left, or requeued (daemon found its process gone)
@@ -13,6 +16,9 @@
 - ``queued``: waiting for devices; ``reason`` says why (the placement's why-not, or the job ahead).
 - ``starting``: devices chosen, the process is being spawned. A daemon that dies here leaves the job in
   ``starting``; recovery adopts the process if it lives, else sends the job back to ``queued``.
+- ``building``: the job's process is building its environment (``[environment]``: an interpreter and
+  packages, once per definition; `deskpod.envs`); it moves to ``running`` when the job's own command
+  starts. A job whose environment is cached goes from ``starting`` to ``running`` directly.
 - ``running``: the process lives (tracked by pid and process start time).
 - ``succeeded``: final. ``cancelled``: final unless a user requeues it. ``failed``/``lost``: final once
   the job's retries are used up, unless a user requeues it (with its retries counted afresh).
@@ -32,6 +38,7 @@ from enum import StrEnum
 class JobState(StrEnum):
     QUEUED = "queued"
     STARTING = "starting"
+    BUILDING = "building"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -42,14 +49,15 @@ class JobState(StrEnum):
     @property
     def active(self) -> bool:
         """Holds (or is about to hold) devices and a process."""
-        return self in (JobState.STARTING, JobState.RUNNING)
+        return self in (JobState.STARTING, JobState.BUILDING, JobState.RUNNING)
 
 
 S = JobState
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     S.QUEUED: frozenset({S.STARTING, S.CANCELLED}),
-    S.STARTING: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.QUEUED, S.LOST}),
+    S.STARTING: frozenset({S.BUILDING, S.RUNNING, S.FAILED, S.CANCELLED, S.QUEUED, S.LOST}),
+    S.BUILDING: frozenset({S.RUNNING, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
     S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTED, S.LOST}),
     S.PREEMPTED: frozenset({S.QUEUED}),
     S.FAILED: frozenset({S.QUEUED}),

@@ -29,7 +29,7 @@ from deskpod.jobs.states import FINAL, JobState, check
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS users(
-    name TEXT PRIMARY KEY, admin INTEGER NOT NULL, created REAL NOT NULL);
+    name TEXT PRIMARY KEY, admin INTEGER NOT NULL, created REAL NOT NULL, os_user TEXT);
 CREATE TABLE IF NOT EXISTS tokens(
     hash TEXT PRIMARY KEY, user TEXT NOT NULL REFERENCES users(name), created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs(
@@ -62,6 +62,12 @@ MUTABLE = frozenset(
 class User:
     name: str
     admin: bool
+    os_user: str | None = None
+    """The OS account the user's jobs run as on a pod started by root (None: see `deskpod.jobs.accounts`)."""
+
+
+def _user(r: sqlite3.Row) -> User:
+    return User(r["name"], bool(r["admin"]), r["os_user"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +170,8 @@ class Store:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
         if "external" not in columns:  # a store written before cluster backends
             self._db.execute("ALTER TABLE jobs ADD COLUMN external TEXT")
+        if "os_user" not in {r[1] for r in self._db.execute("PRAGMA table_info(users)")}:  # before OS accounts
+            self._db.execute("ALTER TABLE users ADD COLUMN os_user TEXT")
         self.version = 0
         """Committed write transactions so far (in this process)."""
         self._touched: dict[int, int] = {}
@@ -194,21 +202,43 @@ class Store:
         return self._touched.get(job_id, 0)
 
     # users and tokens --------------------------------------------------------------------------
-    def add_user(self, name: str, admin: bool) -> bool:
+    def add_user(self, name: str, admin: bool, os_user: str | None = None) -> bool:
         """Create a user; False when the name is taken."""
         with self._tx() as db:
-            cur = db.execute("INSERT OR IGNORE INTO users VALUES (?, ?, ?)", (name, int(admin), time.time()))
+            cur = db.execute(
+                "INSERT OR IGNORE INTO users (name, admin, created, os_user) VALUES (?, ?, ?, ?)",
+                (name, int(admin), time.time(), os_user),
+            )
             return cur.rowcount == 1
 
     def users(self) -> list[User]:
         with self._lock:
-            rows = self._db.execute("SELECT name, admin FROM users ORDER BY name").fetchall()
-        return [User(r["name"], bool(r["admin"])) for r in rows]
+            rows = self._db.execute("SELECT name, admin, os_user FROM users ORDER BY name").fetchall()
+        return [_user(r) for r in rows]
 
     def user(self, name: str) -> User | None:
         with self._lock:
-            r = self._db.execute("SELECT name, admin FROM users WHERE name = ?", (name,)).fetchone()
-        return None if r is None else User(r["name"], bool(r["admin"]))
+            r = self._db.execute("SELECT name, admin, os_user FROM users WHERE name = ?", (name,)).fetchone()
+        return None if r is None else _user(r)
+
+    def user_by_os_user(self, os_user: str) -> User | None:
+        """The deskpod user an OS account maps to (its ``os_user``), for callers the kernel identified."""
+        with self._lock:
+            r = self._db.execute(
+                "SELECT name, admin, os_user FROM users WHERE os_user = ? ORDER BY admin DESC, name LIMIT 1", (os_user,)
+            ).fetchone()
+        return None if r is None else _user(r)
+
+    def set_os_user(self, user: str, os_user: str | None) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE users SET os_user = ? WHERE name = ?", (os_user, user))
+
+    def revoke(self, user: str) -> int:
+        """Delete every token and browser session of ``user``; returns how many tokens there were."""
+        with self._tx() as db:
+            n = db.execute("DELETE FROM tokens WHERE user = ?", (user,)).rowcount
+            db.execute("DELETE FROM sessions WHERE user = ?", (user,))
+            return int(n)
 
     def add_token_hash(self, user: str, token_hash: str) -> None:
         with self._tx() as db:
@@ -217,9 +247,10 @@ class Store:
     def user_by_token_hash(self, token_hash: str) -> User | None:
         with self._lock:
             r = self._db.execute(
-                "SELECT u.name, u.admin FROM tokens t JOIN users u ON u.name = t.user WHERE t.hash = ?", (token_hash,)
+                "SELECT u.name, u.admin, u.os_user FROM tokens t JOIN users u ON u.name = t.user WHERE t.hash = ?",
+                (token_hash,),
             ).fetchone()
-        return None if r is None else User(r["name"], bool(r["admin"]))
+        return None if r is None else _user(r)
 
     # browser sessions (the dashboard) ----------------------------------------------------------
     def add_session(self, session_hash: str, user: str, csrf: str, now: float, expires: float) -> None:
@@ -232,11 +263,11 @@ class Store:
         """(user, CSRF token, expiry) of a live session, or None when unknown or expired."""
         with self._lock:
             r = self._db.execute(
-                "SELECT u.name, u.admin, s.csrf, s.expires FROM sessions s JOIN users u ON u.name = s.user"
+                "SELECT u.name, u.admin, u.os_user, s.csrf, s.expires FROM sessions s JOIN users u ON u.name = s.user"
                 " WHERE s.hash = ? AND s.expires > ?",
                 (session_hash, now),
             ).fetchone()
-        return None if r is None else (User(r["name"], bool(r["admin"])), str(r["csrf"]), float(r["expires"]))
+        return None if r is None else (_user(r), str(r["csrf"]), float(r["expires"]))
 
     def end_session(self, session_hash: str) -> None:
         with self._tx() as db:

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 SHIM = Path(__file__).with_name("shim.py")
 
@@ -34,6 +35,16 @@ class Attempt:
 
     def pid_file(self, attempt: int) -> Path:
         return self.folder / f"pid.{attempt}"
+
+    def phase_file(self, attempt: int) -> Path:
+        """What the job's shim is doing: ``building`` its environment, ``running`` the job, ``build-failed``."""
+        return self.folder / f"phase.{attempt}"
+
+    def phase(self, attempt: int) -> str | None:
+        try:
+            return self.phase_file(attempt).read_text().strip() or None
+        except OSError:
+            return None
 
     @property
     def log(self) -> Path:
@@ -88,13 +99,25 @@ class Supervisor:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, files: Attempt, attempt: int
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        files: Attempt,
+        attempt: int,
+        options: Sequence[str] = (),
+        owner: tuple[int, int] | None = None,
     ) -> tuple[int, int | None]:
-        """Start ``argv`` under the shim; returns (pid, start time). Raises OSError if it cannot start."""
+        """Start ``argv`` under the shim; returns (pid, start time). Raises OSError if it cannot start.
+
+        ``options`` are the shim's (``--phase``, ``--build``, ``--hold``, ``--as``); ``owner`` (uid, gid)
+        gets the log, which is opened without following a link the job's user may have planted.
+        """
         files.folder.mkdir(parents=True, exist_ok=True)
-        for stale in (files.exit_file(attempt), files.pid_file(attempt)):
+        for stale in (files.exit_file(attempt), files.pid_file(attempt), files.phase_file(attempt)):
             stale.unlink(missing_ok=True)
-        with open(files.log, "ab") as log:
+        with open_log(files.log, owner) as log:
             proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -103,6 +126,7 @@ class Supervisor:
                     str(SHIM),
                     str(files.exit_file(attempt)),
                     str(files.pid_file(attempt)),
+                    *options,
                     "--",
                     *argv,
                 ],
@@ -139,6 +163,14 @@ class Supervisor:
     def release(self) -> None:
         """Forget the children without waiting: they keep running and a later daemon adopts them."""
         self._children.clear()
+
+
+def open_log(path: Path, owner: tuple[int, int] | None = None) -> IO[bytes]:
+    """A job's log, opened for appending without following a symbolic link; owned by ``owner`` when given."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    if owner is not None:
+        os.fchown(fd, *owner)
+    return os.fdopen(fd, "ab")
 
 
 def kill_leftovers(pid: int, started: int | None) -> None:

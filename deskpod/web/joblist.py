@@ -89,9 +89,9 @@ def job_row(web: Any, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
     row["position"] = fc.position.get(job.id) if queued and fc is not None else None
     row["estimated_start"] = fc.start.get(job.id) if queued and fc is not None else None
     row["estimated"] = queued and fc is not None and job.id in fc.start  # False beyond the forecast's horizon
-    row["progress"] = progress(web, job) if job.state in (JobState.STARTING, JobState.RUNNING) else None
-    row["can_cancel"] = job.state in (JobState.QUEUED, JobState.STARTING, JobState.RUNNING) and not job.stop_reason
-    row["can_requeue"] = job.state in REQUEUABLE or job.state in (JobState.STARTING, JobState.RUNNING)
+    row["progress"] = progress(web, job) if job.state.active else None
+    row["can_cancel"] = (job.state is JobState.QUEUED or job.state.active) and not job.stop_reason
+    row["can_requeue"] = job.state in REQUEUABLE or job.state.active
     return row
 
 

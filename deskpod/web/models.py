@@ -70,7 +70,7 @@ INFER_TIMEOUT_S = 30.0
 FAILED_METADATA_RETRY_S = 5.0
 """A server that did not answer is asked again after this long (the page stays fast meanwhile)."""
 FORMATS = ("onnx", "torch")
-ACTIVE = (JobState.QUEUED, JobState.STARTING, JobState.RUNNING)
+ACTIVE = (JobState.QUEUED, JobState.STARTING, JobState.BUILDING, JobState.RUNNING)
 
 
 # ----------------------------------------------------------------------------------------- deployments

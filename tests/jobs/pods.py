@@ -134,7 +134,12 @@ class Pods:
         self.root = root
         self.made: list[Pod] = []
 
-    def __call__(self, *args: str, home: Path | None = None, port: int | None = None) -> Pod:
+    def __call__(self, *args: str, home: Path | None = None, port: int | None = None, sandbox: bool = False) -> Pod:
+        """A pod started with ``deskpod up ARGS``. Its jobs run without walls unless ``sandbox``: most tests
+        watch what a job does from outside (files under the test's /tmp, which a sandbox makes private);
+        tests/jobs/test_isolation.py is where the walls are tested."""
+        if not sandbox:
+            args = ("--no-sandbox", *args)
         h = home or self.root / f"home{len(self.made)}"
         h.mkdir(exist_ok=True)
         env = dict(os.environ, DESKPOD_TOKEN_FILE=str(h / "token"))

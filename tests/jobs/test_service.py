@@ -95,7 +95,7 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("POST", "/v1/jobs", {"json": {"command": ["true"], "workdir": "/no/such/dir"}}, 400, "workdir"),
     ("POST", "/v1/jobs", {"json": {"command": "rm -rf /"}}, 400, "command"),
     ("POST", "/v1/jobs", {"json": [1, 2]}, 400, "expected an object"),
-    ("POST", "/v1/jobs", {"content": b"x" * 200_000}, 413, "limit"),
+    ("POST", "/v1/jobs", {"content": b"x" * 5_000_000}, 413, "limit"),
     ("GET", "/v1/jobs/999999", {}, 404, "no job"),
     ("GET", "/v1/jobs/abc", {}, 404, "no job"),
     ("GET", "/v1/jobs/99999999999999999999999", {}, 404, "no job"),
@@ -133,7 +133,7 @@ def test_users_see_and_act_on_their_own_jobs_only(shared_pod: Pod, tmp_path: Pat
     bob = shared_pod.client(admin.add_user("bob")["token"])
     with pytest.raises(ConflictError, match="exists already"):
         admin.add_user("alice")
-    assert alice.whoami() == {"name": "alice", "admin": False}
+    assert alice.whoami() == {"name": "alice", "admin": False, "runs_as": "nobody"}  # no OS account alice here
     job = alice.submit({"command": ["sleep", "30"], "name": "alices"})
     with pytest.raises(NotFoundError):
         bob.job(job["id"])

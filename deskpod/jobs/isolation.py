@@ -1,0 +1,247 @@
+"""What a job's process is given: its OS account, its software environment, and its walls.
+
+The pod's loop asks `Isolation.prepare` for every start. It answers the argv the shim runs, the
+process environment, the shim's options and who owns the job's folder:
+
+- **Account** (`deskpod.jobs.identity`): on a pod started by root the job runs as its user's account;
+  its folder (``jobs/<id>/``) is made that account's, mode 0700, so no other user can read it.
+- **Environment** (``[environment]``, `deskpod.envs`): the job's own interpreter and packages, found in
+  the cache by the hash of their definition. A cached one costs one lookup (no subprocess); a new one
+  is built as the first step of the job's own process (``deskpod env build``, run by the shim with the
+  pod's rights, its output in ``env-build.log``) while the job is ``building``. Either way the job's
+  ``PATH`` starts with the environment's ``bin``, and its folder keeps what was installed
+  (``environment/freeze.txt``, and the lock or requirements it came from).
+- **Sandbox** (bubblewrap, `deskpod.envs.sandbox`): the job sees the system and its environment
+  read-only, its own folder and work directory writable, none of the pod's state (database, tokens,
+  other jobs' folders), only the device nodes of the GPUs it was given, its own PID namespace; it dies
+  with its shim. Where bubblewrap cannot run, a root pod refuses to start unless its admin allowed
+  unsandboxed jobs (``deskpod up --allow-unsandboxed``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deskpod.envs import images
+from deskpod.envs.accounts import Account, prepare_owned_dir, write_no_follow
+from deskpod.envs.cache import EnvCache
+from deskpod.envs.definition import EnvDefinition
+from deskpod.envs.python import resolve_python
+from deskpod.envs.sandbox import Walls, gpu_device_nodes, sandbox_argv
+from deskpod.jobs.identity import Accounts
+from deskpod.jobs.spec import JobSpec
+from deskpod.jobs.store import User
+
+SECRET_ENV = ("DESKPOD_TOKEN_FILE",)
+"""Variables of the daemon's environment a job never inherits."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """How to start one attempt of a job."""
+
+    argv: list[str]
+    env: dict[str, str]
+    options: list[str]
+    """The shim's options (`deskpod.jobs.shim`)."""
+    owner: tuple[int, int] | None
+    """(uid, gid) that owns the job's folder and log; None: the daemon's own account."""
+    building: bool
+    """The job's environment is not in the cache yet: its process builds it first."""
+    notes: list[str] = field(default_factory=list)
+    """For the job's history: which environment, which account, which walls."""
+
+
+@dataclass
+class Isolation:
+    """The pod's policy for job processes (see the module docstring)."""
+
+    envs: EnvCache
+    accounts: Accounts | None = None
+    """None: every job runs as the daemon's account (a pod in a unit test)."""
+    sandbox: bool = False
+    """Run each job in a bubblewrap sandbox."""
+    hidden: tuple[Path, ...] = ()
+    """What no job may see: the pod's home (database, tokens, job folders), a token file elsewhere."""
+    dev_dir: Path = Path("/dev")
+    """Where the GPUs' device nodes are."""
+    readable: tuple[Path, ...] = field(default_factory=lambda: interpreter_paths())
+    """What every job must be able to read: the daemon's Python (train and serve jobs run it)."""
+
+    def check(self, spec: JobSpec) -> None:
+        """Refuse at submission what can be known to fail: an interpreter or container runtime this box lacks."""
+        defn = spec.environment
+        if defn is None:
+            return
+        if defn.kind == "image":
+            images.check_image(defn)
+        else:
+            resolve_python(defn.python)
+
+    def account(self, user: User | None) -> Account | None:
+        """The account the job runs as, when it is not the daemon's own."""
+        if self.accounts is None or user is None:
+            return None
+        account = self.accounts.account_for(user)
+        return None if account.uid == self.accounts.daemon.uid else account
+
+    def prepare(
+        self,
+        spec: JobSpec,
+        user: User | None,
+        folder: Path,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        devices: Sequence[int],
+        gpus: bool,
+        phase_file: Path,
+    ) -> Prepared:
+        account = self.account(user)
+        owner = (account.uid, account.gid) if account is not None else None
+        home = folder
+        if account is not None:
+            prepare_owned_dir(folder, account)
+            if _owns(account, account.home):
+                home = account.home
+            env = {**env, "HOME": str(home), "USER": account.name, "LOGNAME": account.name}
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in env.items() if k not in SECRET_ENV}
+        argv, options, notes = list(argv), ["--phase", str(phase_file)], []
+        building = False
+        defn = spec.environment
+        workdir = Path(spec.workdir) if spec.workdir else folder
+        node_names = gpu_device_nodes(devices, self.dev_dir) if self.sandbox else ()
+        if gpus and node_names:  # in the sandbox only the job's GPUs exist: CUDA numbers them from 0
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(devices)))
+        if defn is not None and defn.kind == "image":
+            runtime = images.check_image(defn)  # raises when the runtime went away since submission
+            notes.append(f"image {defn.image} with {runtime}")
+            argv = images.image_argv(
+                runtime, str(defn.image), argv, writable=[folder, workdir], workdir=workdir,
+                devices=[f"/dev/{n}" for n in node_names], env={},
+            )  # fmt: skip
+        elif defn is not None:
+            key = self.envs.key(defn, resolve_python(defn.python))
+            env_dir = self.envs.folder(key) / "env"
+            env = {**env, "PATH": f"{env_dir / 'bin'}:{env.get('PATH', os.defpath)}", "VIRTUAL_ENV": str(env_dir)}
+            env.pop("PYTHONHOME", None)
+            if self.envs.lookup(defn) is None:
+                building = True
+                record = folder / "environment.json"
+                write_no_follow(record, json.dumps(defn.to_json()).encode())
+                options += ["--build", json.dumps(self.build_argv(record, folder / "env-build.log"))]
+                notes.append(f"building environment {key[:12]} ({describe(defn)}); log: env-build.log")
+            else:
+                self.envs.touch(key)
+                notes.append(f"environment {key[:12]} ({describe(defn)}), cached")
+            options += ["--hold", str(self.envs.in_use_lock_path(key))]
+        if self.sandbox:
+            readable = [*self.readable, *(_python_dirs(defn) if defn is not None and defn.kind != "image" else [])]
+            closed = closed_ancestors(readable)
+            walls = Walls(
+                writable=tuple(dict.fromkeys([folder, workdir, *([home] if home != folder else [])])),
+                hidden=tuple(dict.fromkeys([*self.hidden, *closed])),
+                devices=node_names,
+                dev_root=self.dev_dir,
+                extra_ro=tuple(p for p in dict.fromkeys(readable) if closed and _under_any(p, closed)),
+            )
+            shown = self.envs.root if defn is not None and defn.kind != "image" else None  # shared, read-only
+            root = self.accounts is not None and self.accounts.root
+            argv = sandbox_argv(
+                walls, argv, account=account, env_dir=shown, cwd=workdir, switch_user=root and account is not None
+            )
+            notes.append("sandboxed (bubblewrap)")
+        elif account is not None:
+            options += ["--as", f"{account.uid}:{account.gid}:{','.join(map(str, account.groups))}"]
+        if account is not None:
+            notes.append(f"as {account.name} (uid {account.uid})")
+        return Prepared(argv, dict(env), options, owner, building, notes)
+
+    def record(self, spec: JobSpec, folder: Path, owner: tuple[int, int] | None) -> None:
+        """Keep in the job's folder exactly what its environment has (freeze.txt, the lock it came from)."""
+        if spec.environment is None or spec.environment.kind == "image":
+            return
+        built = self.envs.lookup(spec.environment)
+        if built is None:
+            return
+        out = folder / "environment"
+        out.mkdir(exist_ok=True)
+        if owner is not None:
+            os.chown(out, *owner)
+        for src in (built.freeze, *built.inputs):
+            write_no_follow(out / src.name, src.read_bytes())
+
+    def prune_soon(self, max_bytes: int) -> None:
+        """Prune the environment cache to ``max_bytes`` in the background (never an environment in use)."""
+
+        def prune() -> None:
+            try:
+                self.envs.prune(max_bytes)
+            except Exception:  # a failed prune must not end the pod; the next build tries again
+                traceback.print_exc(file=sys.stderr)
+
+        threading.Thread(target=prune, name="deskpod-env-prune", daemon=True).start()
+
+    def build_argv(self, definition: Path, log: Path) -> list[str]:
+        return [sys.executable, "-m", "deskpod", "env", "build", "--cache", str(self.envs.root),
+                "--definition", str(definition), "--log", str(log)]  # fmt: skip
+
+
+def describe(defn: EnvDefinition) -> str:
+    """A few words for the job's history: ``python 3.11, requirements.txt``."""
+    return f"python {defn.python or 'default'}, {defn.summary()}"
+
+
+def _owns(account: Account, path: Path) -> bool:
+    try:
+        return path.is_dir() and path.stat().st_uid == account.uid and str(path) != "/"
+    except OSError:
+        return False
+
+
+def _python_dirs(defn: EnvDefinition) -> list[Path]:
+    """Where the interpreter an environment is built on lies (its venv links to it)."""
+    interp = resolve_python(defn.python)
+    return [Path(os.path.realpath(interp.path)).parent.parent]
+
+
+def _under_any(path: Path, tops: Sequence[Path]) -> bool:
+    return any(path == t or t in path.parents for t in tops)
+
+
+def closed_ancestors(paths: Sequence[Path]) -> list[Path]:
+    """For each path, the highest folder above it that other accounts cannot pass through (no ``o+x``).
+
+    The sandbox lays an empty tmpfs over such a folder and shows only the path inside it, so a job's
+    account can run an interpreter installed under, say, ``/root`` without seeing the rest of ``/root``.
+    """
+    out: list[Path] = []
+    for p in paths:
+        for d in reversed(Path(os.path.realpath(p)).parents):
+            try:
+                if not d.stat().st_mode & 0o001:
+                    if d not in out and str(d) != "/":
+                        out.append(d)
+                    break
+            except OSError:
+                break
+    return out
+
+
+def interpreter_paths() -> tuple[Path, ...]:
+    """The daemon's Python: its prefix, its base prefix and where its executable really lies."""
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent}
+    uv = shutil.which("uv")
+    if uv:
+        paths.add(Path(os.path.realpath(uv)).parent)
+    return tuple(sorted(paths))
