@@ -6,7 +6,10 @@ checksummed, shared by the jobs of the node, evicted least-recently-used), then 
 job loses at most one checkpoint interval). The trainer's workers take their NIC and cores from the
 hardware model (`deskpod.hardware.affinity`). For a command job it sets the same per-node facts in the
 environment (``DESKPOD_NODE_RANK``, ``DESKPOD_NODES``, ``MASTER_ADDR``, ``MASTER_PORT`` from the job id,
-and the first local rank's ``NCCL_IB_HCA``/``UCX_NET_DEVICES``) and replaces itself with the command.
+and the first local rank's ``NCCL_IB_HCA``/``UCX_NET_DEVICES``) and replaces itself with the command —
+in the job's own ``[environment]`` when it has one, built once for all nodes in the shared cache
+(``[slurm] env_cache``, else ``DESKPOD_ENV_CACHE``, else ``~/.deskpod/envs``; each node's build output in
+``env-build.<node>.log``). Slurm already runs the job as its user, in its cgroup; deskpod adds no sandbox.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def launch_node(folder: Path) -> int:
     spec = files.read_spec()
     os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})
     if spec.train is None:
-        return _exec_command(spec)
+        return _exec_command(spec, files.folder)
     train, env = dict(spec.train), dict[str, str]()
     if slurm_options(spec).get("stage_data"):
         train, env = _stage(spec, train)
@@ -68,9 +71,44 @@ def launch_node(folder: Path) -> int:
     return exit_code(plan, launch(plan, "lines"))
 
 
-def _exec_command(spec: JobSpec) -> int:
+def _environment(spec: JobSpec, folder: Path) -> list[str]:
+    """Build (once for the whole cluster: the cache is shared and locked) or find the job's ``[environment]``,
+    put it first on PATH and hold its in-use lock across the exec; returns the argv to exec."""
+    from deskpod.environment import Environment
+    from deskpod.envs.cache import EnvCache
+
+    defn = spec.environment
+    argv = list(spec.command)
+    if defn is None:
+        return argv
+    if defn.kind == "image":
+        from deskpod.envs.images import check_image, image_argv
+
+        runtime = check_image(defn)
+        return image_argv(runtime, str(defn.image), argv, writable=[folder], workdir=Path.cwd(), devices=[], env={})
+    env = Environment.read()
+    root = slurm_options(spec).get("env_cache") or env.env_cache or env.home / "envs"
+    cache = EnvCache(Path(str(root)))
+    node = os.environ.get("SLURMD_NODENAME", "node")
+    with open(folder / f"env-build.{node}.log", "ab") as log:
+        built = cache.ensure(defn, log=log)
+    how = f"built in {built.seconds:.1f} s" if built.built else "cached"
+    print(f"deskpod: environment {built.key[:12]} on {node}: {how} ({built.path})", flush=True)
+    held = os.open(cache.in_use_lock_path(built.key), os.O_RDONLY | os.O_CREAT, 0o644)  # kept across exec
+    import fcntl
+
+    fcntl.flock(held, fcntl.LOCK_SH)
+    cache.touch(built.key)
+    os.environ["PATH"] = f"{built.bin_dir}:{os.environ.get('PATH', os.defpath)}"
+    os.environ["VIRTUAL_ENV"] = str(built.path)
+    os.environ.pop("PYTHONHOME", None)
+    return argv
+
+
+def _exec_command(spec: JobSpec, folder: Path) -> int:
     from deskpod.train.world import slurm_world
 
+    argv = _environment(spec, folder)
     world = slurm_world(spec.nodes)
     os.environ.update(
         DESKPOD_NODE_RANK=str(world.node_rank), DESKPOD_NODES=str(world.nodes),
@@ -86,4 +124,4 @@ def _exec_command(spec: JobSpec) -> int:
                 os.environ.setdefault(key, value)
     except DeskpodError:
         pass  # no topology to read: the command runs unpinned
-    os.execvp(spec.command[0], list(spec.command))
+    os.execvp(argv[0], argv)

@@ -232,6 +232,13 @@ def serve(
     os.chmod(info, 0o644)
     what = "GPUs" if kind == "cuda" else "CPU worker slots"
     print(f"deskpod: pod service on {url} and {unix_path} (home {home}, {topo.device_count} {what})", flush=True)
+    if isolation is not None and isolation.accounts is not None and isolation.accounts.root:
+        from deskpod.jobs.isolation import closed_ancestors
+
+        closed = closed_ancestors([unix_path])
+        if closed:
+            print(f"deskpod: note: other accounts cannot reach {unix_path} ({closed[0]} is closed to them); "
+                  "for the box's users start with --socket /run/deskpod/pod.sock", flush=True)  # fmt: skip
     if extensions:
         print(f"deskpod: dashboard on {url}/ui/ (sign in with a user's token)", flush=True)
     try:

@@ -27,6 +27,7 @@ daemon stores it, so nothing is ever executed from a bad spec::
     max_node_failures = 3            # requeues after a node failure (failures use `retries`)
     stage_data = true                # copy the dataset to node-local scratch first
     scratch = "/local/scratch"       # where (default /tmp/deskpod-scratch); scratch_limit_gb = 500
+    env_cache = "/shared/envs"       # where nodes build [environment]s (default ~/.deskpod/envs)
 
 A ``[serve]`` job exports a training run's latest checkpoint into the job's own model repository and
 runs ``deskpod serve`` on it (v2 protocol on 127.0.0.1, a port of its own, written to the job's
@@ -76,7 +77,7 @@ FIELDS = (
 )  # fmt: skip
 MAX_NODES = 4096
 SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues", "max_node_failures", "stage_data",
-                "scratch", "scratch_limit_gb")  # fmt: skip
+                "scratch", "scratch_limit_gb", "env_cache")  # fmt: skip
 SLURM_DEFAULTS: dict[str, Any] = {"signal_before_s": 120, "max_requeues": 20, "max_node_failures": 3,
                                   "stage_data": False, "scratch": "/tmp/deskpod-scratch"}  # fmt: skip
 KINDS = ("command", "train", "serve")
@@ -315,6 +316,9 @@ def _slurm(t: object) -> dict[str, Any]:
     sc = out["scratch"]
     if not isinstance(sc, str) or not sc.startswith("/") or "\0" in sc or len(sc) > 4096:
         raise _bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
+    ec = out.get("env_cache")
+    if ec is not None and (not isinstance(ec, str) or not ec.startswith("/") or "\0" in ec or len(ec) > 4096):
+        raise _bad("slurm.env_cache", ec, 'an absolute path every node sees, e.g. env_cache = "/shared/deskpod-envs"')
     lim = out.get("scratch_limit_gb")
     if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int | float) or not 0 < lim <= 1e6):
         raise _bad("slurm.scratch_limit_gb", lim, "gigabytes above 0, e.g. scratch_limit_gb = 500")
@@ -418,6 +422,7 @@ SPEC_SCHEMA: dict[str, Any] = {
                 "stage_data": {"type": "boolean"},
                 "scratch": {"type": "string"},
                 "scratch_limit_gb": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
+                "env_cache": {"type": "string", "description": "where nodes build and share job environments"},
             },
         },
     },

@@ -276,3 +276,20 @@ def test_a_job_stages_its_dataset_to_node_local_scratch(slurm: SlurmCluster, tmp
     assert summary["data"].startswith("imagefolder:") and str(scratch) in summary["data_spec"]["name"] + summary["data"]
     listed = deskpod("cluster", "staged", "--scratch", str(scratch), home=home)
     assert listed.returncode == 0 and str(data) in listed.stdout
+
+
+def test_a_command_job_runs_in_its_environment_on_every_node_built_once(slurm: SlurmCluster, tmp_path: Path) -> None:
+    import tomli_w
+
+    home, cache = tmp_path / "home", tmp_path / "envs"
+    code = "import os, tabulate; print('TAB', os.environ['DESKPOD_NODE_RANK'], tabulate.__version__, flush=True)"
+    spec = {"name": "env-job", "nodes": 2, "devices": 1, "command": ["python", "-c", code],
+            "environment": {"packages": ["tabulate==0.8.10"]}, "slurm": {"env_cache": str(cache)}}  # fmt: skip
+    (tmp_path / "e.toml").write_text(tomli_w.dumps(spec))
+    job_id, folder = submit(home, tmp_path / "e.toml")
+    done = wait_final(home, job_id)
+    log = deskpod("logs", "--cluster", "slurm", job_id, home=home).stdout
+    assert done["state"] == "succeeded", log
+    assert "TAB 0 0.8.10" in log and "TAB 1 0.8.10" in log
+    builds = "".join(p.read_text() for p in folder.glob("env-build.*.log"))
+    assert builds.count("building environment") == 1, builds  # two nodes, one shared cache, one build

@@ -292,3 +292,54 @@ def test_a_sandboxed_job_still_gets_sigterm_when_stopped(pod: Pod) -> None:
     admin.cancel(job["id"])
     wait_state(admin, job["id"], "cancelled")
     assert "checkpointed on SIGTERM" in admin.log(job["id"])[0].decode()  # the sandbox passed SIGTERM on
+
+
+def test_without_a_sandbox_jobs_still_run_as_their_account(tmp_path: Path, users: tuple[Account, Account]) -> None:
+    pods = Pods(tmp_path)
+    try:
+        pod = pods()  # --no-sandbox: the admin's opt-out; the shim itself switches to the account
+        admin = pod.client()
+        ann, _ = users
+        c = pod.client(admin.add_user("annie", os_user=ann.name)["token"])
+        job = c.submit({"command": ["/bin/sh", "-c", "id -u; touch made-here"]})
+        done = wait_state(admin, job["id"], "succeeded", "failed")
+        assert done["state"] == "succeeded", c.log(job["id"])[0]
+        assert str(ann.uid) in c.log(job["id"])[0].decode().split()
+        assert (pod.home / "jobs" / job["id"] / "made-here").stat().st_uid == ann.uid
+        assert "sandboxed" not in " ".join(e["note"] for e in done["events"])
+    finally:
+        pods.stop_all()
+
+
+def test_the_cli_refuses_a_lock_file_that_does_not_parse_in_one_line(pod: Pod, tmp_path: Path) -> None:
+    (tmp_path / "uv.lock").write_text("this is [not toml")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\nversion = "0"\n')
+    (tmp_path / "job.toml").write_text('command = ["python", "x.py"]\n[environment]\nlock = "uv.lock"\n')
+    before = len(pod.client().jobs())
+    done = pod.cli("submit", str(tmp_path / "job.toml"))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "environment.lock 'uv.lock' does not parse" in done.stderr
+    assert len(pod.client().jobs()) == before  # nothing was queued
+
+
+def test_a_users_training_runs_in_the_sandbox_on_two_workers(tmp_path: Path, users: tuple[Account, Account]) -> None:
+    ann, _ = users
+    run_dir = Path(tempfile.mkdtemp(prefix="deskpod-run-"))
+    run_dir.chmod(0o755)
+    pods = Pods(tmp_path)
+    try:
+        pod = pods("--socket", str(run_dir / "pod.sock"), sandbox=True)  # this box's own CPU slots, not a DGX-1's
+        train = {"model": "mlp", "data": "synthetic:1x16x16", "synthetic_samples": 256, "steps": 4,
+                 "global_batch_size": 16}  # fmt: skip
+        spec = {"train": train, "devices": 2, "name": "sandboxed-run"}
+        job = as_user(ann, on_socket(pod, lambda c: c.submit(spec)))
+        admin = pod.client()
+        done = wait_state(admin, job["id"], "succeeded", "failed", timeout=240)
+        assert done["state"] == "succeeded", admin.log(job["id"])[0].decode()[-3000:]
+        run = pod.home / "jobs" / job["id"] / "runs" / "sandboxed-run"
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps"] == 4 and summary["world_size"] == 2, summary
+        assert (run / "summary.json").stat().st_uid == ann.uid
+    finally:
+        pods.stop_all()
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -3,6 +3,8 @@ start Debian's Chromium the way these machines allow it."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import re
 from typing import Any
 
@@ -37,8 +39,13 @@ def csrf_of(client: httpx.Client, path: str = "/ui/jobs") -> str:
 
 
 def new_user(pod: Pod, name: str, admin: bool = False) -> str:
-    """Create a user through the API; returns its token."""
-    return str(pod.client().add_user(name, admin)["token"])
+    """Create a user through the API; returns its token.
+
+    Its jobs run as the OS account the tests run as (root in CI), as the admin's do: these tests watch
+    the dashboard, not the walls (tests/jobs/test_isolation.py), and this machine's Python and the
+    tests' folders are closed to other accounts.
+    """
+    return str(pod.client().add_user(name, admin, os_user=pwd.getpwuid(os.getuid()).pw_name)["token"])
 
 
 CHROMIUM = "/usr/bin/chromium"
