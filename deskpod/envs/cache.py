@@ -10,6 +10,8 @@ The cache is a folder (``$DESKPOD_ENV_CACHE``, default ``$DESKPOD_HOME/envs``)::
                       requirements.txt / project/{pyproject.toml,uv.lock}   the copy it was built from
                       last_used       its mtime is when a job last started in it
     <root>/.locks/<key>.lock          exclusive while building or removing; shared while a job runs in it
+    <root>/.resolved/<key>.txt        the exact packages a build resolved to (kept after a prune: a rebuild
+                                      installs them offline from uv's cache, the same versions, no resolving)
     <root>/.uv-cache/                 uv's cache: envs are hardlinked from it, so a package is on disk once
 
 The key is the sha256 of the definition (packages sorted; files by their contents), the interpreter's exact
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -152,7 +155,6 @@ class EnvCache:
         self.installer = installer or ("uv" if self._uv else "pip")
         if self.installer not in ("uv", "pip") or (self.installer == "uv" and not self._uv):
             raise ConfigError(f"installer {self.installer!r}: use uv (when installed) or pip")
-        self._installer_version: str | None = None
 
     # -- where things are ---------------------------------------------------------------------------------
     @property
@@ -282,10 +284,16 @@ class EnvCache:
                      f" {interp.version} ({interp.path}) with {installer}")  # fmt: skip
             try:
                 steps = self._steps(defn, interp, folder)
-                for name, argv, env, cwd in steps:
-                    _run_step(name, argv, env, cwd, out, lock_fd)
-                freeze = self._freeze(env_dir, folder)
+                if self._replay(steps[0], key, env_dir, out, lock_fd):
+                    freeze = self.resolved_path(key).read_text()  # `uv pip sync` installed exactly this
+                else:
+                    for name, argv, env, cwd in steps:
+                        _run_step(name, argv, env, cwd, out, lock_fd)
+                    freeze = self._freeze(env_dir, folder)
                 (folder / "freeze.txt").write_text(freeze)
+                if self.installer == "uv" and defn.kind != "lock":
+                    self.resolved_path(key).parent.mkdir(exist_ok=True)
+                    self.resolved_path(key).write_text(freeze)
             except EnvBuildError as e:
                 out.line(f"deskpod: {e}")
                 shutil.rmtree(env_dir, ignore_errors=True)  # build.log and definition.json stay, for `env show`
@@ -302,18 +310,35 @@ class EnvCache:
             "installer": installer, "created": time.time(), "built_s": round(seconds, 3), "size_bytes": size,
         })  # fmt: skip
 
+    def resolved_path(self, key: str) -> Path:
+        """The exact package set a build of ``key`` resolved to, kept after the environment is pruned, so that
+        a rebuild installs the same versions from uv's cache without resolving (or reaching an index) again."""
+        return self.root / ".resolved" / f"{key[:KEY_DIR_CHARS]}.txt"
+
+    def _replay(self, venv: Step, key: str, env_dir: Path, out: _Tee, lock_fd: int) -> bool:
+        """Rebuild ``key`` from its recorded resolution, offline (`uv pip sync --offline`); False when there is
+        none or uv's cache no longer has every file (the caller then builds from the definition)."""
+        resolved = self.resolved_path(key)
+        if self.installer != "uv" or self._uv is None or not resolved.is_file():
+            return False
+        name, argv, env, cwd = venv
+        _run_step(name, argv, env, cwd, out, lock_fd)
+        sync = [self._uv, "pip", "sync", "--offline", "--python", str(env_dir / "bin" / "python"), str(resolved)]
+        try:
+            _run_step("uv pip sync --offline", sync, env, cwd, out, lock_fd)
+        except EnvBuildError as e:
+            out.line(f"deskpod: the recorded resolution cannot be installed offline ({e}); resolving again")
+            shutil.rmtree(env_dir, ignore_errors=True)
+            return False
+        out.line(f"deskpod: installed the recorded resolution of {key[:KEY_DIR_CHARS]} from uv's cache, offline")
+        return True
+
     def _installer_name(self) -> str:
         """``uv 0.13.9`` or ``pip``, for the log and meta.json."""
         if self.installer == "pip":
             return "pip (python -m venv)"
-        if self._installer_version is None:
-            assert self._uv is not None
-            try:
-                self._installer_version = subprocess.run([self._uv, "--version"], capture_output=True, text=True,
-                                                         timeout=30).stdout.split("(")[0].strip() or "uv"  # fmt: skip
-            except (OSError, subprocess.SubprocessError):
-                self._installer_version = "uv"
-        return self._installer_version
+        assert self._uv is not None
+        return _uv_version(self._uv)
 
     def _environ(self) -> dict[str, str]:
         """The installer's environment: ours, pip's sources for uv (an admin's own UV_* variables win), and the
@@ -620,6 +645,16 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+@functools.cache
+def _uv_version(uv: str) -> str:
+    """``uv 0.13.9``: asked once per process and binary."""
+    try:
+        out = subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "uv"
+    return out.split("(")[0].strip() or "uv"
 
 
 def _inodes(folder: Path) -> dict[tuple[int, int], int]:

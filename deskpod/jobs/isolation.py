@@ -20,6 +20,7 @@ process environment, the shim's options and who owns the job's folder:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -175,9 +176,14 @@ class Isolation:
         if built is None:
             return
         out = folder / "environment"
-        out.mkdir(exist_ok=True)
-        if owner is not None:
-            os.chown(out, *owner)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(out, 0o755)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the job's user may have planted a link
+        try:
+            if owner is not None:
+                os.fchown(fd, *owner)
+        finally:
+            os.close(fd)
         for src in (built.freeze, *built.inputs):
             write_no_follow(out / src.name, src.read_bytes())
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import AccessError, ConfigError, ConflictError, DeviceError, NotFoundError
+from deskpod.errors import AccessError, ConfigError, ConflictError, DeskpodError, DeviceError, NotFoundError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
@@ -312,7 +312,7 @@ class Pod:
         if moved and self.isolation is not None:
             try:
                 self.isolation.record(job.spec, self.job_folder(job), None)
-            except OSError as e:
+            except (OSError, DeskpodError) as e:
                 self.store.note(job.id, f"could not record the environment: {e}")
             if self.config.env_cache_limit is not None:
                 self.isolation.prune_soon(self.config.env_cache_limit)
@@ -447,7 +447,7 @@ class Pod:
         if new is S.RUNNING and self.isolation is not None:
             try:
                 self.isolation.record(job.spec, files.folder, prep.owner)
-            except OSError as e:
+            except (OSError, DeskpodError) as e:
                 self.store.note(job.id, f"could not record the environment: {e}")
 
     def _argv(self, job: JobRecord, folder: Path) -> list[str]:

@@ -356,3 +356,23 @@ def test_sizes() -> None:
     ]  # fmt: skip
     with pytest.raises(UsageError, match=r"--max-size '20X': not a size; use a number with K, M, G or T"):
         parse_size("20X", "--max-size")
+
+
+def test_a_pruned_environment_is_rebuilt_offline_to_the_same_versions(cache: EnvCache) -> None:
+    defn = packages("tabulate")  # unpinned: a fresh resolve could pick another version; the replay may not
+    first = cache.ensure(defn, log=io.BytesIO())
+    freeze = first.freeze.read_text()
+    cache.remove(first.key)
+    log = io.BytesIO()
+    again = cache.ensure(defn, log=log)
+    assert again.built and again.freeze.read_text() == freeze
+    assert b"uv pip sync --offline" in log.getvalue() and b"installed the recorded resolution" in log.getvalue()
+    assert b"uv pip install" not in log.getvalue()  # nothing was resolved again
+    # When the recorded set cannot be installed offline (here: a version no index or cache has), the build
+    # resolves from the definition instead.
+    cache.remove(again.key)
+    cache.resolved_path(again.key).write_text("tabulate==0.0.1\n")
+    log = io.BytesIO()
+    third = cache.ensure(defn, log=log)
+    assert b"cannot be installed offline" in log.getvalue() and b"uv pip install" in log.getvalue()
+    assert "tabulate==" in third.freeze.read_text()

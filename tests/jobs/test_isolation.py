@@ -343,3 +343,20 @@ def test_a_users_training_runs_in_the_sandbox_on_two_workers(tmp_path: Path, use
     finally:
         pods.stop_all()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+TORCH = "import sys, time, torch; print('TORCH', torch.__version__, flush=True); time.sleep(float(sys.argv[1]))"
+
+
+@pytest.mark.slow
+def test_torch_2_13_in_its_environment_beside_the_pods_torch_2_14(pod: Pod) -> None:
+    admin = pod.client()
+    old = admin.submit({"command": ["python", "-c", TORCH, "15"], "environment": {"packages": ["torch==2.13.0"]}})
+    wait_state(admin, old["id"], "running", timeout=600)  # its environment is built (once) and it runs
+    new = admin.submit({"command": [sys.executable, "-c", TORCH, "0"]})
+    jobs = [wait_state(admin, j["id"], "succeeded", "failed", timeout=600) for j in (old, new)]
+    logs = [admin.log(j["id"])[0].decode() for j in (old, new)]
+    assert [j["state"] for j in jobs] == ["succeeded", "succeeded"], logs
+    assert "TORCH 2.13.0" in logs[0] and "TORCH 2.14.1" in logs[1], logs
+    runs = [_interval(j, "running") for j in jobs]
+    assert runs[0][0] < runs[1][1] and runs[1][0] < runs[0][1], runs  # side by side
