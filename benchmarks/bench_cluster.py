@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import re
 import shlex
 import signal
@@ -53,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from docs_section import replace_subsection
+from docs_section import cpu_model, replace_subsection
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -445,14 +444,6 @@ def requeue(b: Bench, how: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- report
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def report(res: dict[str, Any], command: str) -> str:
     t, o = res["throughput"], res["overhead"]
     a = res["args"]

@@ -6,6 +6,8 @@ a benchmark again replaces its subsection and leaves everything else as it was.
 
 from __future__ import annotations
 
+import contextlib
+import platform
 import re
 from pathlib import Path
 
@@ -24,3 +26,12 @@ def replace_subsection(section: str, subsection: str, block: str, *, intro: str 
     pattern = re.compile(rf"^{re.escape(subsection)}\n.*?(?=^### |\Z)", re.S | re.M)
     mine = pattern.sub(lambda _: block + "\n", mine) if pattern.search(mine) else mine.rstrip("\n") + "\n\n" + block
     docs.write_text(head + section + mine.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
+
+
+def cpu_model() -> str:
+    """The processor's name (``/proc/cpuinfo``), for the machine line of a results section."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
