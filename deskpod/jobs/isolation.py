@@ -41,6 +41,9 @@ from deskpod.jobs.identity import Accounts
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.store import User
 
+SANDBOX_TMPFS = (Path("/tmp"), Path("/dev/shm"))
+"""Folders every sandbox gets empty and private: an interpreter or a deskpod installed under them is shown again."""
+
 SECRET_ENV = ("DESKPOD_TOKEN_FILE",)
 """Variables of the daemon's environment a job never inherits."""
 
@@ -149,12 +152,13 @@ class Isolation:
         if self.sandbox:
             readable = [*self.readable, *(_python_dirs(defn) if defn is not None and defn.kind != "image" else [])]
             closed = closed_ancestors(readable)
+            covered = [*closed, *self.hidden, *SANDBOX_TMPFS]  # what the sandbox lays an empty tmpfs over
             walls = Walls(
                 writable=tuple(dict.fromkeys([folder, workdir, *([home] if home != folder else [])])),
                 hidden=tuple(dict.fromkeys([*self.hidden, *closed])),
                 devices=node_names,
                 dev_root=self.dev_dir,
-                extra_ro=tuple(p for p in dict.fromkeys(readable) if closed and _under_any(p, closed)),
+                extra_ro=tuple(p for p in dict.fromkeys(readable) if _under_any(Path(os.path.realpath(p)), covered)),
             )
             shown = self.envs.root if defn is not None and defn.kind != "image" else None  # shared, read-only
             root = self.accounts is not None and self.accounts.root
@@ -245,8 +249,11 @@ def closed_ancestors(paths: Sequence[Path]) -> list[Path]:
 
 
 def interpreter_paths() -> tuple[Path, ...]:
-    """The daemon's Python: its prefix, its base prefix and where its executable really lies."""
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent}
+    """The daemon's Python (its prefix, its base prefix, where its executable really lies) and deskpod itself."""
+    import deskpod
+
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent,
+             Path(os.path.realpath(deskpod.__file__)).parent.parent}  # fmt: skip
     uv = shutil.which("uv")
     if uv:
         paths.add(Path(os.path.realpath(uv)).parent)

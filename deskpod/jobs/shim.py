@@ -47,6 +47,22 @@ def _code(status: int) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
+def _exec_path(argv: list[str]) -> None:
+    """``execvp`` without its lazy imports: once the child is the job's account it may not be able to read
+    this interpreter's standard library (here, under a /root closed to it)."""
+    if "/" in argv[0]:
+        os.execv(argv[0], argv)
+    error: OSError = FileNotFoundError(2, "No such file or directory")
+    for folder in os.environ.get("PATH", os.defpath).split(":"):
+        try:
+            os.execv(os.path.join(folder or ".", argv[0]), argv)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:  # e.g. EACCES: remember it, try the next folder (as execvp does)
+            error = e
+    raise error
+
+
 def _run(argv: list[str], account: tuple[int, int, list[int]] | None) -> int:
     """Run ``argv`` as a child (as ``account`` when given) and wait; its exit code, 127 if it cannot start."""
     if account is None:
@@ -65,9 +81,11 @@ def _run(argv: list[str], account: tuple[int, int, list[int]] | None) -> int:
                 os.setuid(uid)
                 if os.getuid() != uid or os.geteuid() != uid:
                     raise OSError(1, "the uid did not change")
-                os.execvp(argv[0], argv)
+                _exec_path(argv)
             except OSError as e:
                 print(f"deskpod: cannot start {argv[0]!r}: {e.strerror}", file=sys.stderr, flush=True)
+            except BaseException as e:  # nothing may escape the child but its exit code
+                print(f"deskpod: cannot start {argv[0]!r}: {e}", file=sys.stderr, flush=True)
             os._exit(127)
     _, status = os.waitpid(pid, 0)
     return _code(status)
