@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "deskpod.cli.plan",
     "deskpod.cli.cluster",
     "deskpod.cli.env",
+    "deskpod.cli.lung",
 )
 
 
