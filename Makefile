@@ -26,50 +26,47 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -c "import torch, torchvision, deskpod"
 	touch $@
 
+comma := ,
+# $(call apt_install,MISSING,PACKAGES,WHAT,IF-IT-FAILS,WITHOUT-APT): when the shell test MISSING holds, install the
+# Debian PACKAGES with apt-get (as root, else through sudo), saying they are WHAT; IF-IT-FAILS and WITHOUT-APT are
+# what it says when it cannot (the make goes on: whatever needs them says so itself).
+define apt_install
+	@if $(1); then \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	    echo "installing $(strip $(3))"; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $(strip $(2)) >/dev/null \
+	      || echo "could not install $(strip $(4))"; \
+	  else echo "no apt-get: $(strip $(5))"; fi; \
+	fi
+endef
+
 # Fashion-MNIST comes from Debian's dataset-fashion-mnist package. Without apt-get (or root),
 # `deskpod train` itself explains how to get it.
 data:
-	@if [ ! -f $(FMNIST)/train-images-idx3-ubyte.gz ]; then \
-	  if command -v apt-get >/dev/null 2>&1; then \
-	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	    echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)"; \
-	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null \
-	      || echo "could not install dataset-fashion-mnist; deskpod will say how to get it"; \
-	  else echo "no apt-get: see README for how to get Fashion-MNIST"; fi; \
-	fi
+	$(call apt_install,[ ! -f $(FMNIST)/train-images-idx3-ubyte.gz ],dataset-fashion-mnist,\
+	  Fashion-MNIST (Debian package dataset-fashion-mnist),dataset-fashion-mnist; deskpod will say how to get it,\
+	  see README for how to get Fashion-MNIST)
 
 # The dashboard's end-to-end tests drive Debian's Chromium with Playwright (no browser download).
 browser:
-	@if [ ! -x $(CHROMIUM) ]; then \
-	  if command -v apt-get >/dev/null 2>&1; then \
-	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	    echo "installing Chromium (Debian package chromium) for the dashboard's browser tests"; \
-	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null \
-	      || echo "could not install chromium; the browser tests will say so"; \
-	  else echo "no apt-get: install Chromium at $(CHROMIUM) for the browser tests"; fi; \
-	fi
+	$(call apt_install,[ ! -x $(CHROMIUM) ],chromium,\
+	  Chromium (Debian package chromium) for the dashboard's browser tests,chromium; the browser tests will say so,\
+	  install Chromium at $(CHROMIUM) for the browser tests)
 
 # The cluster tests run a real Slurm (slurmctld + two slurmd on 127.0.0.1, started by the tests themselves).
 slurm:
-	@if ! command -v slurmctld >/dev/null 2>&1 && [ ! -x /usr/sbin/slurmctld ]; then \
-	  if command -v apt-get >/dev/null 2>&1; then \
-	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	    echo "installing Slurm and munge (Debian packages slurm-wlm slurmctld slurmd slurm-client munge) for the cluster tests"; \
-	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq slurm-wlm slurmctld slurmd slurm-client munge >/dev/null \
-	      || echo "could not install Slurm; the cluster tests will say so"; \
-	  else echo "no apt-get: install Slurm (slurmctld, slurmd, clients) and munge for the cluster tests"; fi; \
-	fi
+	$(call apt_install,! command -v slurmctld >/dev/null 2>&1 && [ ! -x /usr/sbin/slurmctld ],\
+	  slurm-wlm slurmctld slurmd slurm-client munge,\
+	  Slurm and munge (Debian packages slurm-wlm slurmctld slurmd slurm-client munge) for the cluster tests,\
+	  Slurm; the cluster tests will say so,\
+	  install Slurm (slurmctld$(comma) slurmd$(comma) clients) and munge for the cluster tests)
 
 # Jobs of the pod service run in bubblewrap sandboxes; the isolation tests use it with real Unix users.
 sandbox:
-	@if ! command -v bwrap >/dev/null 2>&1; then \
-	  if command -v apt-get >/dev/null 2>&1; then \
-	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	    echo "installing bubblewrap (Debian package bubblewrap) for the pod's job sandboxes"; \
-	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq bubblewrap >/dev/null \
-	      || echo "could not install bubblewrap; deskpod up will say how jobs run without it"; \
-	  else echo "no apt-get: install bubblewrap (bwrap) for the pod's job sandboxes"; fi; \
-	fi
+	$(call apt_install,! command -v bwrap >/dev/null 2>&1,bubblewrap,\
+	  bubblewrap (Debian package bubblewrap) for the pod's job sandboxes,\
+	  bubblewrap; deskpod up will say how jobs run without it,install bubblewrap (bwrap) for the pod's job sandboxes)
 
 lint: install
 	$(BIN)/ruff check deskpod tests benchmarks

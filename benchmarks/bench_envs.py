@@ -368,24 +368,20 @@ def warm_rebuild(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         rounds.append(row)
         log(f"rebuild round {r}: first {row['first_s']:.2f} s, second {row['second_s']:.2f} s ({row['ratio']:.1f}x), "
             f"{row['packages_first']} packages")  # fmt: skip
-        try:  # the same from the local indexes alone: nothing downloaded by the cold build
-            local = build_twice(EnvCache(work / f"envs-local-r{r}", sources=LOCAL), defn, interp,
-                                work / f"build-local-r{r}")  # fmt: skip
-        except DeskpodError as e:
-            local = {"error": str(e)}
-        online.append(local)
-        if "error" not in local:
-            log(f"rebuild round {r}, local indexes: first {local['first_s']:.2f} s, second {local['second_s']:.2f} s "
-                f"({local['ratio']:.1f}x)")  # fmt: skip
-        try:  # PyPI alone: the cold build downloads every wheel over the network
-            remote = build_twice(EnvCache(work / f"envs-pypi-r{r}", sources=PYPI), defn, interp,
-                                 work / f"build-pypi-r{r}")  # fmt: skip
-        except DeskpodError as e:
-            remote = {"error": str(e)}
-        pypi.append(remote)
-        if "error" not in remote:
-            log(f"rebuild round {r}, PyPI alone: first {remote['first_s']:.2f} s, second {remote['second_s']:.2f} s "
-                f"({remote['ratio']:.1f}x)")  # fmt: skip
+        # Beside it: the local indexes alone (nothing downloaded by the cold build), PyPI alone (every wheel is).
+        for runs, name, label, sources in (
+            (online, "local", "local indexes", LOCAL),
+            (pypi, "pypi", "PyPI alone", PYPI),
+        ):
+            try:
+                got = build_twice(EnvCache(work / f"envs-{name}-r{r}", sources=sources), defn, interp,
+                                  work / f"build-{name}-r{r}")  # fmt: skip
+            except DeskpodError as e:
+                got = {"error": str(e)}
+            runs.append(got)
+            if "error" not in got:
+                log(f"rebuild round {r}, {label}: first {got['first_s']:.2f} s, second {got['second_s']:.2f} s "
+                    f"({got['ratio']:.1f}x)")  # fmt: skip
     ratio = statistics.median(x["ratio"] for x in rounds)
     ok = [x for x in online if "error" not in x]
     ok_pypi = [x for x in pypi if "error" not in x]

@@ -123,34 +123,36 @@ class Isolation:
         argv, options, notes = list(argv), ["--phase", str(phase_file)], []
         building = False
         defn = spec.environment
+        venv = defn if defn is not None and defn.kind != "image" else None  # an environment the cache builds
+        interp = resolve_python(venv.python) if venv is not None else None  # once per start: key and walls
         workdir = Path(spec.workdir) if spec.workdir else folder
         node_names = gpu_device_nodes(devices, self.dev_dir) if self.sandbox else ()
         if gpus and node_names:  # in the sandbox only the job's GPUs exist: CUDA numbers them from 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(devices)))
-        if defn is not None and defn.kind == "image":
+        if defn is not None and venv is None:
             runtime = images.check_image(defn)  # raises when the runtime went away since submission
             notes.append(f"image {defn.image} with {runtime}")
             argv = images.image_argv(
                 runtime, str(defn.image), argv, writable=[folder, workdir], workdir=workdir,
                 devices=[f"/dev/{n}" for n in node_names], env={},
             )  # fmt: skip
-        elif defn is not None:
-            key = self.envs.key(defn, resolve_python(defn.python))
+        elif venv is not None and interp is not None:
+            key = self.envs.key(venv, interp)
             env_dir = self.envs.folder(key) / "env"
             env = {**env, "PATH": f"{env_dir / 'bin'}:{env.get('PATH', os.defpath)}", "VIRTUAL_ENV": str(env_dir)}
             env.pop("PYTHONHOME", None)
-            if self.envs.lookup(defn) is None:
+            if self.envs.lookup(venv, interp) is None:
                 building = True
                 record = folder / "environment.json"
-                write_no_follow(record, json.dumps(defn.to_json()).encode())
+                write_no_follow(record, json.dumps(venv.to_json()).encode())
                 options += ["--build", json.dumps(self.build_argv(record, folder / "env-build.log"))]
-                notes.append(f"building environment {key[:12]} ({describe(defn)}); log: env-build.log")
+                notes.append(f"building environment {key[:12]} ({describe(venv)}); log: env-build.log")
             else:
                 self.envs.touch(key)
-                notes.append(f"environment {key[:12]} ({describe(defn)}), cached")
+                notes.append(f"environment {key[:12]} ({describe(venv)}), cached")
             options += ["--hold", str(self.envs.in_use_lock_path(key))]
         if self.sandbox:
-            readable = [*self.readable, *(_python_dirs(defn) if defn is not None and defn.kind != "image" else [])]
+            readable = [*self.readable, *([_prefix(interp.path)] if interp is not None else [])]
             closed = closed_ancestors(readable)
             covered = [*closed, *self.hidden, *SANDBOX_TMPFS]  # what the sandbox lays an empty tmpfs over
             walls = Walls(
@@ -160,11 +162,15 @@ class Isolation:
                 dev_root=self.dev_dir,
                 extra_ro=tuple(p for p in dict.fromkeys(readable) if _under_any(Path(os.path.realpath(p)), covered)),
             )
-            shown = self.envs.root if defn is not None and defn.kind != "image" else None  # shared, read-only
             root = self.accounts is not None and self.accounts.root
             argv = sandbox_argv(
-                walls, argv, account=account, env_dir=shown, cwd=workdir, switch_user=root and account is not None
-            )
+                walls,
+                argv,
+                account=account,
+                env_dir=self.envs.root if venv is not None else None,
+                cwd=workdir,
+                switch_user=root and account is not None,
+            )  # the cache is shared and read-only: shown whole
             notes.append("sandboxed (bubblewrap)")
         elif account is not None:
             options += ["--as", f"{account.uid}:{account.gid}:{','.join(map(str, account.groups))}"]
@@ -219,10 +225,9 @@ def _owns(account: Account, path: Path) -> bool:
         return False
 
 
-def _python_dirs(defn: EnvDefinition) -> list[Path]:
-    """Where the interpreter an environment is built on lies (its venv links to it)."""
-    interp = resolve_python(defn.python)
-    return [Path(os.path.realpath(interp.path)).parent.parent]
+def _prefix(python: Path) -> Path:
+    """Where an interpreter is installed (an environment's venv links to it): the folder above its ``bin``."""
+    return Path(os.path.realpath(python)).parent.parent
 
 
 def _under_any(path: Path, tops: Sequence[Path]) -> bool:

@@ -310,12 +310,17 @@ class Pod:
         moved = self.store.transition(job.id, S.RUNNING, f"environment ready after {took:.1f} s; running",
                                       expect=[S.BUILDING], started_at=now)  # fmt: skip
         if moved and self.isolation is not None:
-            try:
-                self.isolation.record(job.spec, self.job_folder(job), None)
-            except (OSError, DeskpodError) as e:
-                self.store.note(job.id, f"could not record the environment: {e}")
+            self._record(job, self.job_folder(job), None)
             if self.config.env_cache_limit is not None:
                 self.isolation.prune_soon(self.config.env_cache_limit)
+
+    def _record(self, job: JobRecord, folder: Path, owner: tuple[int, int] | None) -> None:
+        """Keep in the job's folder what its environment has; a failure is a note, never a failed start."""
+        assert self.isolation is not None
+        try:
+            self.isolation.record(job.spec, folder, owner)
+        except (OSError, DeskpodError) as e:
+            self.store.note(job.id, f"could not record the environment: {e}")
 
     def _finish(self, job: JobRecord, code: int | None, now: float) -> None:
         """Record how a job's process ended and decide: done, requeued, or retried."""
@@ -445,10 +450,7 @@ class Pod:
             job.id, new, f"pid {pid}", expect=[S.STARTING], pid=pid, pid_start=started, started_at=self.clock()
         )
         if new is S.RUNNING and self.isolation is not None:
-            try:
-                self.isolation.record(job.spec, files.folder, prep.owner)
-            except (OSError, DeskpodError) as e:
-                self.store.note(job.id, f"could not record the environment: {e}")
+            self._record(job, files.folder, prep.owner)
 
     def _argv(self, job: JobRecord, folder: Path) -> list[str]:
         spec: JobSpec = job.spec
