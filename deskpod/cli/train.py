@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", metavar="FILE.toml", help="a TOML file of config keys (flags override it)")
+    p.add_argument("--task", help="classify (default), or a task factory package.module:function")
+    p.add_argument("--task-options", metavar="K=V,...", help="options of that task (it lists its keys)")
     p.add_argument("--model", help="convnet, mlp, alexnet, resnet18, resnet50, or package.module:factory")
     p.add_argument("--data", help="fashion-mnist, synthetic[:CxHxW], or imagefolder:PATH")
     p.add_argument("--devices", help="all (default), a count N, or indices like 0,2,3")
@@ -53,8 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-FLAG_KEYS = ("model", "data", "devices", "epochs", "steps", "batch_size", "precision", "compile", "out", "name", "seed",
-             "lr", "optimizer")  # fmt: skip
+FLAG_KEYS = ("task", "task_options", "model", "data", "devices", "epochs", "steps", "batch_size", "precision",
+             "compile", "out", "name", "seed", "lr", "optimizer")  # fmt: skip
 
 
 def overrides_from(args: argparse.Namespace) -> dict[str, Any]:

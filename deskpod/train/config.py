@@ -42,6 +42,11 @@ class TrainConfig:
     """Everything one training run needs; written resolved to ``runs/<name>/config.toml``."""
 
     # --- what to train
+    task: str = "classify"
+    """``classify`` (image classification), or a task factory ``package.module:factory`` such as
+    ``deskpod.lung.detect:luna16`` (3D lung-nodule detection); see `deskpod.train.tasks`."""
+    task_options: str = ""
+    """Options of a task other than classify, ``key=value,key=value`` (the task lists its keys)."""
     model: str = "convnet"
     """``convnet`` (small, for 28×28), ``mlp``, ``alexnet``, ``resnet18``, ``resnet50``, or ``package.module:factory``."""
     data: str = "fashion-mnist"
@@ -169,6 +174,7 @@ class TrainConfig:
             self.name,
             "letters, digits, '.', '_' and '-' (no spaces or slashes), up to 100 characters, e.g. 'resnet50-try2'",
         )
+        need(bool(self.task.strip()), "task", self.task, "classify, or a task factory as package.module:function")
         need(bool(self.model.strip()), "model", self.model, "a model name such as convnet or resnet18")
         need(bool(self.data.strip()), "data", self.data, "a dataset such as fashion-mnist or synthetic")
         return self

@@ -68,6 +68,13 @@ class Batch:
     labels: torch.Tensor
     bad: int = 0
     """Samples of this batch that could not be read and were skipped."""
+    targets: Any = None
+    """What a task other than classification trains towards (e.g. boxes per image); see `deskpod.train.tasks`."""
+
+    @property
+    def size(self) -> int:
+        """Samples in the batch."""
+        return int(self.images.shape[0])
 
 
 class Source(Protocol):

@@ -38,9 +38,10 @@ from deskpod.processes import child_pids
 from deskpod.train import checkpoint as ckpt
 from deskpod.train.config import TrainConfig, build_config, write_config
 from deskpod.train.data import DataRequest, DataSpec, describe
-from deskpod.train.progress import Mode, Progress, format_duration
+from deskpod.train.progress import Mode, Progress, describe_validation, format_duration, format_rate
 from deskpod.train.runs import RunPaths, default_run_name, read_json
 from deskpod.train.sampler import run_length
+from deskpod.train.tasks import Task, load_task
 from deskpod.train.world import NodeWorld, check_port_free, slurm_world
 
 CHECKPOINT_SIGNAL = signal.SIGUSR2
@@ -123,7 +124,8 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
     nodes_txt = f" on {nodes} nodes" if nodes > 1 else ""
     req = DataRequest(cfg.data, cfg.num_classes, cfg.synthetic_samples, cfg.image_size, cfg.val_fraction, cfg.seed,
                       cfg.loader_workers)  # fmt: skip
-    data = describe(req, env.fashion_mnist_dir)
+    task = load_task(cfg.task, cfg.task_options)
+    data = describe(req, env.fashion_mnist_dir) if task is None else task.describe(req)
     n = len(devices) * nodes
     if cfg.global_batch_size:
         if cfg.global_batch_size % (n * cfg.grad_accum):
@@ -142,11 +144,11 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
         )
     if cfg.sync_batchnorm and kind != "cuda":
         raise ConfigError("sync_batchnorm = true needs GPUs (PyTorch's SyncBatchNorm runs only on CUDA devices)")
-    _check_model(cfg, data, run_dir if resume else None)
+    _check_model(cfg, data, run_dir if resume else None, task)
     return Plan(cfg, run_dir, devices, kind, data, per_device, resume, world)
 
 
-def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None) -> None:
+def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None, task: Task | None) -> None:
     """Build the model once on the CPU: unknown names, shape mismatches and foreign checkpoints fail here."""
     import torch
 
@@ -154,8 +156,12 @@ def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None) -> 
 
     spec = ModelSpec(data.num_classes, data.in_channels, data.image_size)
     with torch.random.fork_rng():
-        model = build_model(cfg.model, spec)
-        check_forward(model, spec, cfg.model)
+        if task is None:
+            model = build_model(cfg.model, spec)
+            check_forward(model, spec, cfg.model)
+        else:
+            model = task.build_model(cfg.model, data)
+            task.check_model(model, data)
     if resume_from is not None:
         path, state = ckpt.load_latest(resume_from)
         ckpt.check_compatible(state, cfg.model, model, path)
@@ -362,6 +368,7 @@ def _finish(plan: Plan, wall: float, stopped_by: int, progress: Progress) -> dic
         "total_steps": result.get("total_steps"),
         "test_accuracy": val.get("val_accuracy"),
         "test_loss": val.get("val_loss"),
+        "validation": val,
         "throughput_images_per_s": round(throughput, 1),
         "throughput_per_device": round(throughput / n, 1),
         "train_time_s": round(train_time, 2),
@@ -400,12 +407,18 @@ def format_summary(s: dict[str, Any]) -> str:
             f"continue with: deskpod train --resume --name {s['run']} --out {Path(s['run_dir']).parent}"
         )
     acc = s.get("test_accuracy")
-    acc_txt = f"{100 * acc:.2f}%" if isinstance(acc, int | float) else "n/a"
+    val = s.get("validation") or {}
+    if isinstance(acc, int | float) or not val:
+        acc_txt = f"{100 * acc:.2f}%" if isinstance(acc, int | float) else "n/a"
+        result = f"test accuracy {acc_txt} (loss {s.get('test_loss')})"
+    else:  # a task other than classification: its own validation figures
+        result = describe_validation(val)
     wait = s.get("data_wait_fraction") or 0.0
     restarts = f", {s['restarts']} restart{'s' if s['restarts'] != 1 else ''}" if s.get("restarts") else ""
     return "\n".join([
-        f"done: test accuracy {acc_txt} (loss {s.get('test_loss')}) after {s['steps']} steps{restarts}",
-        f"throughput: {s['throughput_images_per_s']:,.0f} img/s total, {s['throughput_per_device']:,.0f} img/s per device "
+        f"done: {result} after {s['steps']} steps{restarts}",
+        f"throughput: {format_rate(s['throughput_images_per_s'])} img/s total, "
+        f"{format_rate(s['throughput_per_device'])} img/s per device "
         f"({s['world_size']} × {s['device_kind']}, {s['precision']}, global batch {s['global_batch']})",
         f"wall time {format_duration(s['wall_time_s'])} (training {format_duration(s['train_time_s'])}, "
         f"waiting for data {100 * wait:.1f}%)",

@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -124,7 +125,8 @@ def model_names() -> list[str]:
     return list(BUILTIN)
 
 
-def _user_factory(name: str) -> Callable[..., nn.Module]:
+def import_factory(name: str, what: str = "model") -> Callable[..., Any]:
+    """The callable named ``package.module:attr`` (a model's or a task's factory); `ConfigError` when missing."""
     module_name, _, attr = name.partition(":")
     # Like `python -m` (and the workers, which run as `python -m deskpod.train.worker`), look in the
     # current directory too, so a model file next to where you run `deskpod train` is found.
@@ -133,17 +135,17 @@ def _user_factory(name: str) -> Callable[..., nn.Module]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError(f"model {name!r}: cannot import module {module_name!r} ({e})") from None
+        raise ConfigError(f"{what} {name!r}: cannot import module {module_name!r} ({e})") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ConfigError(f"model {name!r}: module {module_name!r} has no callable {attr!r}")
+        raise ConfigError(f"{what} {name!r}: module {module_name!r} has no callable {attr!r}")
     return factory  # type: ignore[no-any-return]
 
 
 def build_model(name: str, spec: ModelSpec) -> nn.Module:
     """Build a model by registry name or ``package.module:factory``; raise `ConfigError` for unknown ones."""
     if ":" in name:
-        factory = _user_factory(name)
+        factory = import_factory(name)
         params = inspect.signature(factory).parameters
         offered = {"num_classes": spec.num_classes, "in_channels": spec.in_channels, "image_size": spec.image_size}
         kwargs = {k: v for k, v in offered.items() if k in params}

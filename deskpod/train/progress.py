@@ -26,6 +26,25 @@ def pick_mode(quiet: bool, as_json: bool, stream: TextIO | None = None) -> Mode:
     return "bar" if stream.isatty() else "lines"
 
 
+def describe_validation(figures: dict[str, float]) -> str:
+    """One line of validation figures: loss, accuracy as a percentage, other figures as they are."""
+    parts = []
+    for key, value in figures.items():
+        label = key.removeprefix("val_").replace("_", " ")
+        if key == "val_accuracy":
+            parts.append(f"accuracy {100 * value:.2f}%")
+        elif key == "val_loss":
+            parts.append(f"validation loss {value:.4f}")
+        else:
+            parts.append(f"{label} {value:.4g}")
+    return ", ".join(parts)
+
+
+def format_rate(per_s: float) -> str:
+    """A rate for people: whole numbers from 10 up, two significant digits below (0.48, not 0)."""
+    return f"{per_s:,.0f}" if per_s >= 10 or per_s == 0 else f"{per_s:.2g}"
+
+
 def format_duration(seconds: float) -> str:
     s = max(0, round(seconds))
     h, rem = divmod(s, 3600)
@@ -68,7 +87,7 @@ class Progress:
             self._last_loss = loss
         loss = self._last_loss
         loss_txt = "  —  " if loss is None else f"{loss:.4f}"
-        facts = f"loss {loss_txt} | {images_per_s:,.0f} img/s | ETA {format_duration(eta_s)}"
+        facts = f"loss {loss_txt} | {format_rate(images_per_s)} img/s | ETA {format_duration(eta_s)}"
         if self.mode == "lines":
             if log or step == total:
                 self._write(f"epoch {epoch}/{epochs}  step {step}/{total}  {facts}\n")

@@ -40,10 +40,11 @@ from deskpod.train.config import TrainConfig, load_config
 from deskpod.train.data import Batch, DataRequest, data_spec_from, open_sources
 from deskpod.train.metrics import MetricsLog
 from deskpod.train.models import ModelSpec, build_model, is_convnet
-from deskpod.train.progress import Progress
+from deskpod.train.progress import Progress, describe_validation
 from deskpod.train.runs import RunPaths, read_json
 from deskpod.train.sampler import GlobalBatchSampler, run_length, shard_indices
 from deskpod.train.schedule import make_optimizer, make_schedule
+from deskpod.train.tasks import load_task
 
 
 @dataclass(slots=True)
@@ -118,14 +119,20 @@ class Trainer:
         self.loss_window: tuple[torch.Tensor, int] = (torch.zeros((), device=self.device), 0)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        model = build_model(cfg.model, ModelSpec(self.spec.num_classes, self.spec.in_channels, self.spec.image_size))
+        self.task = load_task(cfg.task, cfg.task_options)
+        if self.task is None:
+            model = build_model(
+                cfg.model, ModelSpec(self.spec.num_classes, self.spec.in_channels, self.spec.image_size)
+            )
+        else:
+            model = self.task.build_model(cfg.model, self.spec)
         if cfg.sync_batchnorm:
             if self.device.type != "cuda":
                 raise ConfigError(
                     "sync_batchnorm = true needs GPUs (PyTorch's SyncBatchNorm runs only on CUDA devices)"
                 )
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.channels_last = cfg.channels_last and self.device.type == "cuda" and is_convnet(model)
+        self.channels_last = cfg.channels_last and self.device.type == "cuda" and is_convnet(model) and not self.task
         model = model.to(
             self.device, memory_format=torch.channels_last if self.channels_last else torch.preserve_format
         )
@@ -138,7 +145,12 @@ class Trainer:
                           cfg.loader_workers)  # fmt: skip
         from deskpod.environment import Environment
 
-        self.train_src, self.val_src = open_sources(req, self.spec, self.device, Environment.read().fashion_mnist_dir)
+        if self.task is None:
+            self.train_src, self.val_src = open_sources(
+                req, self.spec, self.device, Environment.read().fashion_mnist_dir
+            )
+        else:
+            self.train_src, self.val_src = self.task.open_sources(req, self.spec, self.device)
         self.sampler = GlobalBatchSampler(len(self.train_src), self.per_device, self.world, self.rank, seed=cfg.seed)
         self.steps_per_epoch, self.total_steps = run_length(
             len(self.train_src), self.sampler.global_batch, cfg.grad_accum, cfg.steps, cfg.epochs
@@ -284,8 +296,8 @@ class Trainer:
                 self._optimizer_step(micro_batches, loss_sum)
                 for b in micro_batches:
                     bad += b.bad
-                    seen += b.bad + int(b.labels.shape[0])
-                    window_imgs += int(b.labels.shape[0])
+                    seen += b.bad + b.size
+                    window_imgs += b.size
                 loss_n += 1
                 self.loss_window = (loss_sum, loss_n)
                 pos.step += 1
@@ -331,7 +343,7 @@ class Trainer:
                     # checkpoint written; only validation is left out.
                     wait_time += t1 - t0
                     train_time += time.perf_counter() - t0
-                    timed_images += sum(int(b.labels.shape[0]) for b in micro_batches)
+                    timed_images += sum(b.size for b in micro_batches)
                 if stopped:
                     break
             if stopped:
@@ -342,8 +354,7 @@ class Trainer:
                     metrics.write({"kind": "val", "step": pos.step, "epoch": pos.epoch, **last_val})
                 if self.is_main:
                     self.progress.event("val", step=pos.step, epoch=pos.epoch + 1, **last_val,
-                                        text=f"epoch {pos.epoch + 1}: validation loss {last_val['val_loss']:.4f}, "
-                                             f"accuracy {100 * last_val['val_accuracy']:.2f}%")  # fmt: skip
+                                        text=f"epoch {pos.epoch + 1}: {describe_validation(last_val)}")  # fmt: skip
                 if epoch_done and pos.step < self.total_steps:
                     pos.epoch += 1
                     pos.micro = 0
@@ -375,15 +386,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         n = len(micro_batches)
         for i, b in enumerate(micro_batches):
-            x = b.images.to(self.device, non_blocking=True)
-            y = b.labels.to(self.device, non_blocking=True)
-            if self.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
             ctx = contextlib.nullcontext() if i == n - 1 else self.model.no_sync()  # type: ignore[operator]
             with ctx:
                 with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                                     enabled=self.autocast_dtype is not None):  # fmt: skip
-                    loss = self.loss_fn(self.model(x), y) / n
+                    loss = self._loss(b) / n
                 self.scaler.scale(loss).backward()
             loss_sum += loss.detach()
         if self.cfg.grad_clip:
@@ -392,6 +399,15 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.schedule.step()
+
+    def _loss(self, b: Batch) -> torch.Tensor:
+        if self.task is not None:
+            return self.task.loss(self.model, b, self.device)
+        x = b.images.to(self.device, non_blocking=True)
+        y = b.labels.to(self.device, non_blocking=True)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.loss_fn(self.model(x), y)  # type: ignore[no-any-return]
 
     def _check_bad(self, bad: int, seen: int) -> None:
         t = torch.tensor([bad, seen], dtype=torch.int64)
@@ -413,8 +429,16 @@ class Trainer:
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         self.model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         batches = shard_indices(len(self.val_src), self.world, self.rank, self.per_device * 2)
+        if self.task is not None:
+            task_sums = torch.zeros(self.task.val_sums_size, dtype=torch.float64, device=self.device)
+            for b in self.val_src.batches(batches, 0):
+                with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                                    enabled=self.autocast_dtype is not None):  # fmt: skip
+                    task_sums += self.task.val_sums(self.raw_model, b, self.device).to(self.device)
+            dist.all_reduce(task_sums)
+            return self.task.val_metrics(task_sums.cpu())
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         for b in self.val_src.batches(batches, 0):
             if b.labels.numel() == 0:
                 continue

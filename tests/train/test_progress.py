@@ -3,7 +3,7 @@ from __future__ import annotations
 import io
 import json
 
-from deskpod.train.progress import Progress, format_duration, pick_mode
+from deskpod.train.progress import Progress, describe_validation, format_duration, format_rate, pick_mode
 
 
 def test_lines_mode_prints_log_steps_with_facts() -> None:
@@ -42,3 +42,20 @@ def test_json_and_quiet_modes() -> None:
 
 def test_format_duration() -> None:
     assert (format_duration(59.6), format_duration(61), format_duration(3725)) == ("1:00", "1:01", "1:02:05")
+
+
+def test_validation_figures_read_as_a_line_for_any_task() -> None:
+    assert (
+        describe_validation({"val_loss": 0.31234, "val_accuracy": 0.9012}) == "validation loss 0.3123, accuracy 90.12%"
+    )
+    assert (
+        describe_validation({"val_loss": 0.5, "val_sensitivity": 0.769231, "val_fp_per_crop": 1.5})
+        == "validation loss 0.5000, sensitivity 0.7692, fp per crop 1.5"
+    )
+
+
+def test_slow_rates_keep_their_digits() -> None:
+    assert format_rate(1234.4) == "1,234"
+    assert format_rate(0.48) == "0.48"
+    assert format_rate(3.14159) == "3.1"
+    assert format_rate(0.0) == "0"
