@@ -98,9 +98,23 @@ def _centroid_xyz(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
 
 
 def _close(part: npt.NDArray[np.bool_], scan: Scan) -> npt.NDArray[np.bool_]:
-    """Close with a ball of `CLOSING_MM` (in voxels per axis), fill holes in 3-D, then slice by slice."""
+    """Close with a ball of `CLOSING_MM` (in voxels per axis), fill holes in 3-D, then slice by slice.
+
+    The work is done on the part's bounding box grown by the ball's radius and a voxel: the part is empty
+    outside it, so the closing cannot reach past it and the background ring left around it joins the outside
+    exactly as the whole volume's background would — the same mask, at a fraction of the cost.
+    """
     radius = [max(1, round(CLOSING_MM / s)) for s in scan.spacing[:2]] + [max(0, round(CLOSING_MM / scan.spacing[2]))]
-    image = to_image(part.astype(np.uint8), scan)
+    pad_zyx = [int(radius[2]) + 1, int(radius[1]) + 1, int(radius[0]) + 1]
+    lo, hi = [], []
+    for axis, margin in enumerate(pad_zyx):
+        other = tuple(a for a in range(3) if a != axis)
+        present = np.flatnonzero(part.any(axis=other))
+        lo.append(max(0, int(present[0]) - margin))
+        hi.append(min(part.shape[axis], int(present[-1]) + 1 + margin))
+    box = (slice(lo[0], hi[0]), slice(lo[1], hi[1]), slice(lo[2], hi[2]))
+    image = sitk.GetImageFromArray(part[box].astype(np.uint8))
+    image.SetSpacing(scan.spacing)
     pad = [int(r) + 1 for r in radius]
     padded = sitk.ConstantPad(image, pad, pad, 0)
     dilated = sitk.BinaryDilate(padded, radius, sitk.sitkBall, backgroundValue=0, foregroundValue=1)
@@ -110,5 +124,6 @@ def _close(part: npt.NDArray[np.bool_], scan: Scan) -> npt.NDArray[np.bool_]:
     for z in range(filled.shape[0]):
         plane = sitk.GetImageFromArray(filled[z].astype(np.uint8))
         filled[z] = sitk.GetArrayFromImage(sitk.BinaryFillhole(plane, False, 1)).astype(bool)
-    closed_mask: npt.NDArray[np.bool_] = filled | part
+    closed_mask = part.copy()
+    closed_mask[box] |= filled
     return closed_mask
