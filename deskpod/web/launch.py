@@ -35,7 +35,8 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from deskpod.errors import ConfigError, DeskpodError, UsageError
+from deskpod.envs.accounts import may_read
+from deskpod.errors import ConfigError, DataError, DeskpodError, UsageError
 from deskpod.web import datasets, networks, render
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
 
@@ -343,7 +344,23 @@ def _cache(web: Any, name: str) -> dict[Any, Any]:
     return web.cache.setdefault(name, {})  # type: ignore[no-any-return]
 
 
-def explore(web: Any, data: str) -> dict[str, Any]:
+def check_reach(web: Any, who: Viewer, data: str) -> None:
+    """An image folder the signed-in user's jobs could not read is not shown to them either: a root pod runs each
+    job as its user's OS account, while the dashboard reads as the daemon (`DataError` naming the account)."""
+    accounts = web.pod.accounts
+    if accounts is None or not accounts.root or datasets.kind_of(data) != "imagefolder":
+        return
+    root = Path(datasets.normalize(data).partition(":")[2])
+    account = accounts.account_for(who.user)
+    if not may_read(account, root):
+        raise DataError(
+            f"imagefolder {str(root)!r}: your OS account {account.name!r} cannot read this folder, so your jobs "
+            "could not either; give a folder it may read"
+        )
+
+
+def explore(web: Any, who: Viewer, data: str) -> dict[str, Any]:
+    check_reach(web, who, data)
     return datasets.explore(data, _cache(web, "datasets"), _fashion_root())
 
 
@@ -382,7 +399,7 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
     return out
 
 
-def view(web: Any, state: dict[str, str], asked: str | None, url: str) -> tuple[dict[str, Any], int]:
+def view(web: Any, who: Viewer, state: dict[str, str], asked: str | None, url: str) -> tuple[dict[str, Any], int]:
     """The page's data for the step the choices reach, and its HTTP status (400 when a choice is bad)."""
     errors: dict[str, str] = {}
     step = step_of(state, asked)
@@ -392,7 +409,7 @@ def view(web: Any, state: dict[str, str], asked: str | None, url: str) -> tuple[
     summary = None
     if state["data"]:
         try:
-            summary = explore(web, state["data"])
+            summary = explore(web, who, state["data"])
             state["data"] = summary["data"]  # an image folder's path made absolute, as the job gets it
         except DeskpodError as e:
             errors["data"] = str(e)
@@ -460,7 +477,7 @@ def _pod_url(request: Request) -> str:
 
 def start(web: Any, who: Viewer, state: dict[str, str], url: str) -> tuple[dict[str, Any], int, Any]:
     """Check every choice, then queue the job: (page data, status, the job or None)."""
-    data, status = view(web, state, None, url)
+    data, status = view(web, who, state, None, url)
     if status != 200 or data["step"] != 3:
         return data, 400, None
     try:
@@ -478,7 +495,7 @@ def register(app: FastAPI, web: Any) -> None:
     @app.get("/new")
     def new_page(request: Request, who: Signed, step: Annotated[str | None, Query(max_length=1)] = None) -> Response:
         state = read_state(request.query_params)
-        data, status = view(web, state, step, _pod_url(request))
+        data, status = view(web, who, state, step, _pod_url(request))
         return render.page(
             request, "new.html", data, who, title="New training", status=status, extra=_extra(web, state)
         )
@@ -487,7 +504,7 @@ def register(app: FastAPI, web: Any) -> None:
     def preview_json(request: Request, who: Signed) -> Response:
         """Step 3's live part for the query's values (200 with ``errors`` for bad values: it is a check)."""
         state = read_state(request.query_params)
-        data, _ = view(web, state, None, _pod_url(request))
+        data, _ = view(web, who, state, None, _pod_url(request))
         if data["preview"] is not None:
             return JSONResponse(data["preview"])
         return JSONResponse({"errors": data["errors"], "error": "choose a dataset and a network first",
@@ -513,5 +530,6 @@ def register(app: FastAPI, web: Any) -> None:
         data: Annotated[str, Query(max_length=MAX_VALUE)],
         cls: Annotated[int | None, Query(alias="class", ge=0, le=1_000_000)] = None,
     ) -> Response:
+        check_reach(web, who, data)
         png = datasets.samples_png(data, cls, _cache(web, "datasets"), _fashion_root())
         return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})

@@ -439,3 +439,42 @@ def test_the_preview_follows_the_fields_in_chromium(pod: Pod) -> None:
             assert not errors, errors
         finally:
             browser.close()
+
+
+def test_an_image_folder_the_users_account_cannot_read_is_not_shown(pod: Pod) -> None:
+    # A root pod runs a user's jobs as their OS account; the dashboard, which reads as root, must not show
+    # that user a folder their jobs could not read (its class names, counts and sample images).
+    import os
+    import shutil
+    import tempfile
+
+    from PIL import Image
+
+    from tests.unix_users import make_users
+    from tests.web.browser import sign_in
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp folders are root's alone
+    try:
+        os.chmod(base, 0o755)
+        for cls in ("cat", "dog"):
+            (base / "photos" / cls).mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (8, 8), (40 * i, 90, 200)).save(base / "photos" / cls / f"{i}.png")
+        with make_users("carol") as (carol,):
+            token = str(pod.client().add_user(carol.name, False, os_user=carol.name)["token"])
+            client = sign_in(pod, token)
+            try:
+                os.chmod(base / "photos", 0o700)
+                closed = client.get("/ui/new", params={"data": f"imagefolder:{base / 'photos'}"})
+                assert closed.status_code == 400
+                assert f"your OS account {escape(repr(carol.name))} cannot read this folder" in _error(closed.text, "data")
+                assert "cat" not in _error(closed.text, "data") and "dog" not in closed.text
+                png = client.get("/ui/datasets/samples.png", params={"data": f"imagefolder:{base / 'photos'}"})
+                assert png.status_code == 400 and png.headers["content-type"] != "image/png"
+                os.chmod(base / "photos", 0o755)
+                opened = client.get("/ui/new", params={"data": f"imagefolder:{base / 'photos'}"})
+                assert opened.status_code == 200 and "dog" in opened.text
+            finally:
+                client.close()
+    finally:
+        shutil.rmtree(base)
