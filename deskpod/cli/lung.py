@@ -237,6 +237,7 @@ def run_detect(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from deskpod.errors import ConfigError
+    from deskpod.lung import phantom_reason
     from deskpod.lung.detect import load_detector
     from deskpod.lung.images import read_scan
     from deskpod.lung.luna16 import read_layout
@@ -266,5 +267,8 @@ def run_detect(args: argparse.Namespace) -> int:
                 writer.writerow([uid, *(f"{v:.3f}" for v in c.world_xyz), f"{c.probability:.6f}"])
                 rows += 1
     print(f"wrote {rows} candidates of {len(scans)} scans to {out} (detector {detector.run_dir}, step {detector.step})")
+    why = phantom_reason(scans[0][1]) if scans else ""
+    if why:
+        print(f"PHANTOM DATA: synthetic scans, not a clinical result ({why})")
     print("Decision support, not a medical device.")
     return 0

@@ -64,7 +64,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import ConfigError, DeskpodError, UsageError
-from deskpod.lung import brock, growth, lungrads
+from deskpod.lung import brock, growth, lungrads, phantom_reason
 from deskpod.lung.images import Scan, read_scan, voxel_to_world, world_to_voxel
 from deskpod.lung.lungmask import LungMask, lung_mask
 from deskpod.lung.measure import GGO_HU, SOLID_HU, Measurement, segment_nodule
@@ -165,19 +165,6 @@ def interval_between(interval_days: float | None, prior_date: date | None, curre
     if isinstance(interval_days, bool) or not math.isfinite(interval_days) or interval_days <= 0:
         raise ConfigError(f"interval {interval_days!r} days is not valid: the prior scan must be earlier, e.g. 365")
     return float(interval_days)
-
-
-def phantom_reason(path: Path) -> str:
-    """Why a scan is taken to be a phantom ("" when it is not): "phantom" in its path or a PHANTOM marker file."""
-    resolved = path.resolve()
-    for part in resolved.parts:
-        if "phantom" in part.lower():
-            return f"'phantom' in its path ({resolved})"
-    for folder in [resolved if resolved.is_dir() else resolved.parent, *resolved.parents][:4]:
-        for marker in ("PHANTOM", "PHANTOM.txt", "PHANTOM.md"):
-            if (folder / marker).exists():
-                return f"marker file {folder / marker}"
-    return ""
 
 
 def analyze(

@@ -38,7 +38,7 @@ import io
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import ConfigError
+from deskpod.lung import phantom_reason
 
 FP_RATES = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 """False positives per scan at which LUNA16 reads the FROC curve; the CPM is the mean sensitivity there."""
@@ -56,6 +57,7 @@ EXCLUDED_DEFAULT_DIAMETER_MM = 10.0
 CONFIDENCE = 0.95
 GRID = 2.0 ** np.linspace(-3.0, 3.0, 385)
 """Where the plotted curve and its band are sampled: 1/8 .. 8 false positives per scan, 64 points an octave."""
+PHANTOM_LABEL = "PHANTOM DATA: synthetic scans, not a clinical result"
 DISCLAIMER = (
     "decision support, not a medical device: these figures measure a detector against reference "
     "annotations; they are not a clinical result"
@@ -542,6 +544,8 @@ class Evaluation:
     cpm: float
     bootstrap: Bootstrap | None
     inputs: dict[str, str]
+    phantom: str = ""
+    """Why the annotations are taken to be phantom data (`deskpod.lung.phantom_reason`); "" when they are not."""
 
     def to_json(self) -> dict[str, Any]:
         m, b = self.matching, self.bootstrap
@@ -560,6 +564,7 @@ class Evaluation:
         out: dict[str, Any] = {
             "what": "FROC and CPM by the LUNA16 rules (deskpod lung evaluate)",
             "note": DISCLAIMER,
+            "phantom": f"{PHANTOM_LABEL} ({self.phantom})" if self.phantom else None,
             "inputs": self.inputs,
             "rules": {
                 "source": "LUNA16 noduleCADEvaluationLUNA16.py (Setio et al. 2017), see deskpod.lung.evaluate",
@@ -626,9 +631,10 @@ def evaluate_files(
     """`evaluate` on the four LUNA16 files."""
     inputs = {"annotations": str(annotations), "excluded": str(excluded), "candidates": str(candidates),
               "seriesuids": str(seriesuids)}  # fmt: skip
-    return evaluate(read_seriesuids(seriesuids), read_annotations(annotations), read_excluded(excluded),
-                    read_candidates(candidates), samples=samples, seed=seed, max_marks=max_marks,
-                    inputs=inputs)  # fmt: skip
+    ev = evaluate(read_seriesuids(seriesuids), read_annotations(annotations), read_excluded(excluded),
+                  read_candidates(candidates), samples=samples, seed=seed, max_marks=max_marks,
+                  inputs=inputs)  # fmt: skip
+    return replace(ev, phantom=phantom_reason(Path(annotations)))
 
 
 # ---------------------------------------------------------------- outputs
@@ -666,7 +672,8 @@ def plot_froc(ev: Evaluation, path: str | Path) -> Path:
     ax.set_xlabel("average number of false positives per scan")
     ax.set_ylabel("sensitivity")
     m = ev.matching
-    ax.set_title(f"FROC (LUNA16 rules): {m.scans} scans, {m.nodules} nodules, {m.candidates} candidates")
+    ax.set_title(f"FROC (LUNA16 rules): {m.scans} scans, {m.nodules} nodules, {m.candidates} candidates"
+                 + ("\n" + PHANTOM_LABEL if ev.phantom else ""))  # fmt: skip
     ax.legend(loc="lower right")
     fig.text(0.01, 0.01, DISCLAIMER, fontsize=6.5, color="#555555")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
@@ -712,4 +719,6 @@ def format_table(ev: Evaluation) -> str:
     cpm_ci = "[{:.3f}, {:.3f}]".format(*b.cpm_interval()) if b is not None and has_ci else ""
     lines.append(f"{'CPM':>8}  {ev.cpm:>11.3f}  {cpm_ci}")
     lines.append(f"note: {DISCLAIMER}")
+    if ev.phantom:
+        lines.insert(0, f"{PHANTOM_LABEL} ({ev.phantom})")
     return "\n".join(lines)

@@ -49,6 +49,7 @@ def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_pa
     detect = run_deskpod("lung", "detect", "--detector", str(run), "--data", f"luna16:{data}", "--subset", "0",
                          "--out", str(results), timeout=300)  # fmt: skip
     assert detect.code == 0, detect.err[-3000:]
+    assert "PHANTOM DATA" in detect.out
     with results.open() as f:
         rows = list(csv.DictReader(f))
     assert rows and set(rows[0]) == {"seriesuid", "coordX", "coordY", "coordZ", "probability"}
@@ -65,11 +66,33 @@ def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_pa
         found += any(d < float(n["diameter_mm"]) / 2 for d in near)
     assert found == len(large), f"{found} of {len(large)} large phantom nodules found"
 
+    # analyze with the trained detector: the large nodule of one scan is found, segmented and measured.
+    n = max(large, key=lambda r: float(r["diameter_mm"]))
+    scan = data / "subset0" / f"{n['seriesuid']}.mhd"
+    out = tmp_path / "analysis"
+    an = run_deskpod("lung", "analyze", str(scan), "--detector", str(run), "--out", str(out), timeout=300)
+    assert an.code == 0, an.err[-3000:]
+    assert an.out.startswith("deskpod lung analyze: decision support, not a medical device") and "PHANTOM" in an.out
+    report = json.loads((out / "report.json").read_text())
+    centre = np.array([float(n[k]) for k in ("coordX", "coordY", "coordZ")])
+    kept = [f for f in report["nodules"] if f["detection"]["source"] == "detector:det"]
+    hit = [
+        f
+        for f in kept
+        if np.linalg.norm(np.array(f["position"]["world_mm_lps"]) - centre) < float(n["diameter_mm"]) / 2
+    ]
+    assert hit, [f["position"] for f in kept]
+    assert abs(hit[0]["mean_diameter_mm"] - float(n["diameter_mm"])) < 3.0, (
+        hit[0]["mean_diameter_mm"],
+        n["diameter_mm"],
+    )
+
     uids = tmp_path / "uids.csv"
     uids.write_text("\n".join(sorted(subset0)) + "\n")
     ev = run_deskpod("lung", "evaluate", "--annotations", str(data / "annotations.csv"), "--excluded",
                      str(data / "annotations_excluded.csv"), "--candidates", str(results), "--seriesuids", str(uids),
                      "--bootstrap", "50", "--out", str(tmp_path / "ev"), timeout=120)  # fmt: skip
     assert ev.code == 0, ev.err
+    assert ev.out.startswith("PHANTOM DATA: synthetic scans, not a clinical result")
     report = json.loads((tmp_path / "ev" / "evaluation.json").read_text())
     print(f"phantom data (synthetic, not clinical): CPM on the training subset {report['cpm']['value']:.3f}")
