@@ -467,7 +467,9 @@ def test_an_image_folder_the_users_account_cannot_read_is_not_shown(pod: Pod) ->
                 os.chmod(base / "photos", 0o700)
                 closed = client.get("/ui/new", params={"data": f"imagefolder:{base / 'photos'}"})
                 assert closed.status_code == 400
-                assert f"your OS account {escape(repr(carol.name))} cannot read this folder" in _error(closed.text, "data")
+                assert f"your OS account {escape(repr(carol.name))} cannot read this folder" in _error(
+                    closed.text, "data"
+                )
                 assert "cat" not in _error(closed.text, "data") and "dog" not in closed.text
                 png = client.get("/ui/datasets/samples.png", params={"data": f"imagefolder:{base / 'photos'}"})
                 assert png.status_code == 400 and png.headers["content-type"] != "image/png"
