@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -180,7 +181,10 @@ def _topology(machine: str | None, topo_file: str | None) -> Topology:
         from deskpod.hardware.topo_matrix import matrix_to_topology, read_topo_matrix
 
         path = Path(topo_file)
-        return matrix_to_topology(read_topo_matrix(path), path.stem, source=f"file:{path}")
+        matrix = read_topo_matrix(path)
+        for note in matrix.notes:
+            print(f"deskpod: warning: {note}", file=sys.stderr)
+        return matrix_to_topology(matrix, path.stem, source=f"file:{path}")
     from deskpod.hardware.placement import local_topology
 
     return local_topology()

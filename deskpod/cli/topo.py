@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -46,7 +47,10 @@ def run(args: argparse.Namespace) -> int:
         from deskpod.hardware.topo_matrix import matrix_to_topology, read_topo_matrix
 
         path = Path(args.from_file)
-        topology = matrix_to_topology(read_topo_matrix(path), path.stem, gpu=args.gpu, source=f"file:{path}")
+        matrix = read_topo_matrix(path)
+        for note in matrix.notes:
+            print(f"deskpod: warning: {note}", file=sys.stderr)
+        topology = matrix_to_topology(matrix, path.stem, gpu=args.gpu, source=f"file:{path}")
     else:
         from deskpod.hardware.placement import local_topology
 

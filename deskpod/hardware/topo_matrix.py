@@ -70,6 +70,8 @@ class TopoMatrix:
     has_legend: bool
     old_names: bool
     """True when the text used ``SOC`` (a pre-2017 driver)."""
+    notes: tuple[str, ...] = ()
+    """What the reading had to assume (NIC rows cut off the end of the output), for the user to see."""
 
     @property
     def gpu_cells(self) -> tuple[tuple[str, ...], ...]:
@@ -122,10 +124,21 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> TopoMatrix:
             f"(a device name followed by link entries: {VALID_TOKENS})"
         )
 
-    n = len(rows)
     names = [tokens[0] for _, tokens in rows]
-    if len({x.upper() for x in names}) != n:
+    if len({x.upper() for x in names}) != len(names):
         raise UsageError(f"{source}: a device row is repeated in {names}")
+    columns = [t for t in (header or []) if t not in _AFFINITY_COLUMNS]
+    missing = _missing_rows(columns, names, source)
+    notes: list[str] = []
+    if missing:  # only NIC rows are missing (missing GPU rows are refused above): their links come from the columns
+        notes.append(
+            f"{source}: the header names {len(columns)} devices but the rows of {', '.join(missing)} are missing "
+            "(the output was cut); their links to the GPUs are read from the GPU rows' columns"
+            + (", and the links among them are unknown, taken as SYS" if len(missing) > 1 else "")
+        )
+        rows = _rows_for_missing_nics(rows, columns, missing)
+        names = [tokens[0] for _, tokens in rows]
+    n = len(rows)
     affinity_columns = [t for t in (header or []) if t in _AFFINITY_COLUMNS] or list(_AFFINITY_COLUMNS)
     cells: list[list[str]] = []
     extras: list[list[str]] = []
@@ -189,6 +202,7 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> TopoMatrix:
         return ""
 
     return TopoMatrix(
+        notes=tuple(notes),
         gpus=tuple(names[i].upper() for i in gpu_rows),
         nics=tuple(nic_legend.get(names[i].upper(), names[i]) for i in nic_rows),
         cells=square,
@@ -197,6 +211,48 @@ def parse_topo_matrix(text: str, source: str = "<text>") -> TopoMatrix:
         has_legend=has_legend,
         old_names=old_names,
     )
+
+
+def _missing_rows(columns: list[str], names: list[str], source: str) -> list[str]:
+    """The devices the header names that have no row. A missing GPU row (a cut matrix) is a `UsageError`:
+    read anyway, the box would shrink to the GPUs that are left and every plan built on it would be wrong."""
+    have = {x.upper() for x in names}
+    if not columns or len(columns) <= len(names):
+        return []
+    missing = [c for c in columns if c.upper() not in have]
+    gpus = [c for c in missing if _GPU.match(c)]
+    if gpus:
+        shown = ", ".join(missing) if len(missing) <= 6 else f"{', '.join(missing[:3])}, …, {missing[-1]}"
+        raise UsageError(
+            f"{source}: the header names {len(columns)} devices but only {len(names)} rows follow; the rows of "
+            f"{len(missing)} devices are missing ({shown}): the output was cut — give the whole "
+            "`nvidia-smi topo -m` output"
+        )
+    return missing
+
+
+def _rows_for_missing_nics(
+    rows: list[tuple[int, list[str]]], columns: list[str], missing: list[str]
+) -> list[tuple[int, list[str]]]:
+    """The rows in header order, each missing NIC's row built from the column entries of the rows that are there."""
+    by_name = {tokens[0].upper(): (number, tokens) for number, tokens in rows}
+    k = len(columns)
+    out: list[tuple[int, list[str]]] = []
+    for i, col in enumerate(columns):
+        if col.upper() in by_name:
+            out.append(by_name[col.upper()])
+            continue
+        entries = []
+        for j, other in enumerate(columns):
+            if i == j:
+                entries.append("X")
+            elif other.upper() in by_name:
+                row = by_name[other.upper()][1][1:]
+                entries.append(row[i] if i < len(row) else "SYS")
+            else:
+                entries.append("SYS")  # two missing NICs: their link is not in the text
+        out.append((0, [col, *entries[:k]]))
+    return out
 
 
 def read_topo_matrix(path: str | Path) -> TopoMatrix:

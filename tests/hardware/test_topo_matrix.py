@@ -152,3 +152,52 @@ def test_pcie_box_all_sys_with_blank_columns() -> None:
     t = matrix_to_topology(parse_topo_matrix("\n".join(rows) + "\n"), "sys4")
     assert all(t.link(a, b).token == "SYS" for a in range(4) for b in range(4) if a != b)
     assert t.nearest_nics(3) == ("NIC0",) and t.partition("numa") == ((0, 1), (2, 3))
+
+
+def _cut(name: str, keep_rows: int) -> str:
+    """The file's text with only its first ``keep_rows`` device rows after the header (what a terminal cut shows)."""
+    lines = (REFERENCE / name).read_text().splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("\tGPU0"))
+    return "\n".join(lines[: header + 1 + keep_rows]) + "\n"
+
+
+def test_a_matrix_cut_after_five_gpu_rows_is_refused_not_read_as_a_smaller_box(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    msg = _bad(_cut("dgx-2.txt", 5))  # the header names 16 GPUs and 8 NICs
+    assert "the header names 24 devices but only 5 rows follow" in msg
+    assert "the rows of 19 devices are missing (GPU5, GPU6, GPU7, …, mlx5_7)" in msg and "cut" in msg
+    assert "\n" not in msg
+    path = tmp_path / "cut.txt"
+    path.write_text(_cut("dgx-2.txt", 5))
+    from deskpod.cli import main
+
+    assert main(["topo", "--from", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rows of 19 devices are missing" in err
+
+
+def test_a_matrix_whose_nic_rows_stop_early_is_read_and_says_which_are_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    full = read_topo_matrix(REFERENCE / "dgx1-v100.txt")
+    cut = parse_topo_matrix(_cut("dgx1-v100.txt", 9), source="cut.txt")  # 8 GPU rows and the first NIC row
+    assert cut.gpus == full.gpus and cut.nics == full.nics
+    assert cut.cpu_affinity == full.cpu_affinity  # the affinity column is not mistaken for links
+    g = len(full.gpus)
+    assert [row[:g] for row in cut.cells] == [row[:g] for row in full.cells]  # every GPU-GPU and NIC-GPU link
+    assert cut.notes == (
+        "cut.txt: the header names 12 devices but the rows of mlx5_2, mlx5_1, mlx5_3 are missing (the output was "
+        "cut); their links to the GPUs are read from the GPU rows' columns, and the links among them are unknown, "
+        "taken as SYS",
+    )
+    t, ref = matrix_to_topology(cut, "cut"), matrix_to_topology(full, "full")
+    assert [t.nearest_nics(i) for i in range(g)] == [ref.nearest_nics(i) for i in range(g)]
+    # The command says so too.
+    path = tmp_path / "cut.txt"
+    path.write_text(_cut("dgx1-v100.txt", 9))
+    from deskpod.cli import main
+
+    assert main(["topo", "--from", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("deskpod: warning: ") and "mlx5_2, mlx5_1, mlx5_3 are missing" in err
