@@ -31,8 +31,9 @@ from typing import Any
 from docs_section import replace_subsection
 
 from deskpod.hardware.placement import Placement, Unplaceable, machine, place
-from deskpod.jobs.scheduler import Plan, Running, Waiting, schedule
+from deskpod.jobs.scheduler import Plan, Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import parse_spec
+from deskpod.jobs.states import JobState
 from deskpod.jobs.store import Store
 
 INTRO = "The pod service (`deskpod/jobs/`): scheduler and submission figures."
@@ -83,8 +84,9 @@ def timed(fn: Callable[[], object], repeat: int) -> list[float]:
 
 def daemon_pass(
     waiting: Sequence[Waiting], running: Sequence[Running], place_fn: Callable[..., Any], repeat: int
-) -> float:
-    """The daemon's whole pass minus starting processes: read the queue from SQLite, decide, write reasons."""
+) -> tuple[float, float]:
+    """The daemon's whole pass minus starting processes: read the queue (the store's view, kept in step with its
+    writes), decide, write the changed reasons; median over passes that each follow a submission, and the first."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "pod.db")
         for j in waiting:
@@ -92,16 +94,29 @@ def daemon_pass(
                               if j.max_runtime else {"command": ["true"], "priority": j.priority, "devices": j.devices})  # fmt: skip
             store.submit("bench", spec, j.devices, NOW)
 
-        def one() -> None:  # as `Pod._schedule` does it
-            queued = store.queue()
-            ws = [Waiting(q[0], q[1], q[2], q[3], q[4]) for q in queued]
-            plan = schedule(ws, running, 8, place_fn, NOW)
-            shown = {q[0]: q[5] for q in queued}
-            store.set_reasons({i: r for i, r in plan.waits.items() if shown.get(i) != r})
+        cache = WaitingCache()
 
-        times = timed(one, repeat)
+        def one() -> None:  # as `Pod._schedule` does it
+            queued, changed = store.queue_delta()
+            ws = cache.apply(queued, changed)
+            plan = schedule(ws, running, 8, place_fn, NOW, ordered=True)
+            store.set_reasons({i: r for i, r in plan.waits.items() if (q := queued.get(i)) is None or q[5] != r})
+
+        t0 = time.perf_counter()
+        one()  # the first pass reads the whole queue and writes every wait reason
+        first = (time.perf_counter() - t0) * 1000
+        times = []
+        spec = parse_spec({"command": ["true"], "priority": 2, "devices": 1})
+        for _ in range(repeat):
+            # As in the daemon, a pass follows a change: here a submission (not timed: it is the submit's cost),
+            # and the queued job of the pass before is cancelled, so the queue stays at its size.
+            new = store.submit("bench", spec, 1, NOW)
+            t0 = time.perf_counter()
+            one()
+            times.append((time.perf_counter() - t0) * 1000)
+            store.transition(new.id, JobState.CANCELLED, "bench", expect=[JobState.QUEUED])
         store.close()
-    return statistics.median(times)
+    return statistics.median(times), first
 
 
 def check(plan: Plan, waiting: Sequence[Waiting], running: Sequence[Running]) -> None:
@@ -122,18 +137,27 @@ def write_docs(rows: list[dict[str, object]], command: str) -> None:
         "",
         f"Command: `{command}` (the shared 2-core box, other work running; compare the ratios).",
         "Real placement on a DGX-1 (V100) topology; running jobs hold 6 of 8 GPUs; medians of repeated passes.",
-        "The target is the pass itself; the daemon's whole pass (read the queue from SQLite, decide, write changed",
-        "wait reasons) is listed beside it. The daemon runs a pass on each submission, exit or cancel, and once a second.",
+        "The target holds for the pass itself and for the daemon's whole pass (read the queue, decide, write the changed",
+        "wait reasons), timed after a submission each. The daemon runs a pass on each submission, exit or cancel, and once a second.",
         "",
-        "| queued jobs | pass median ms | pass p90 ms | naive median ms | sort floor ms | naive / pass | pass / sort | starts | daemon pass with SQLite ms | target |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| queued jobs | pass median ms | pass p90 ms | naive median ms | sort floor ms | naive / pass | pass / sort | starts | daemon pass with SQLite ms | its first pass ms | target |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        met = r["met"] and r["met_with_store"]
         lines.append(
             f"| {r['queued']} | {r['pass_ms']:.2f} | {r['pass_p90_ms']:.2f} | {r['naive_ms']:.2f} | {r['sort_ms']:.2f} |"
             f" {r['naive_over_pass']:.1f}x | {r['pass_over_sort']:.1f}x | {r['starts']} | {r['with_store_ms']:.1f} |"
-            f" {'met' if r['met'] else 'MISSED'} (<= 10 ms at 10,000) |"
+            f" {r['first_with_store_ms']:.1f} | {'met' if met else 'MISSED'} (both <= 10 ms at 10,000) |"
         )
+    lines += [
+        "",
+        "The daemon's pass reads the queue from the store's in-memory view (`Store.queue`: read from SQLite once, then",
+        "kept in step with the store's own writes; a commit by another connection makes it read again), so a pass that",
+        "follows a submission reads one row, not 10,000; the scheduler's view of the queue, in order, is kept between",
+        "passes too (`WaitingCache`: the changed job is taken out and put back by bisection, nothing sorted again).",
+        "Its first pass reads the whole queue, sorts it and writes every reason.",
+    ]
     replace_subsection(SECTION, SUB, "\n".join(lines) + "\n", intro=INTRO)
 
 
@@ -156,13 +180,14 @@ def main() -> int:
         naives = timed(lambda w=waiting, r=running: naive(w, r, 8, place_fn), max(5, args.repeat // 5))
         sorts = timed(lambda w=waiting: sorted(w, key=lambda j: (-j.priority, j.id)), args.repeat)
         med = statistics.median(passes)
-        store_ms = daemon_pass(waiting, running, place_fn, max(5, args.repeat // 3))
+        store_ms, first_ms = daemon_pass(waiting, running, place_fn, max(5, args.repeat // 3))
         rows.append({
             "queued": n, "pass_ms": med, "pass_p90_ms": sorted(passes)[int(0.9 * len(passes))],
             "naive_ms": statistics.median(naives), "sort_ms": statistics.median(sorts),
             "naive_over_pass": statistics.median(naives) / med, "pass_over_sort": med / statistics.median(sorts),
             "starts": len(plan.starts), "preempt": len(plan.preempt), "met": n != 10_000 or med <= 10.0,
-            "with_store_ms": store_ms,
+            "with_store_ms": store_ms, "first_with_store_ms": first_ms,
+            "met_with_store": n != 10_000 or store_ms <= 10.0,
         })  # fmt: skip
     print(f"{'queued':>7} {'pass ms':>8} {'p90 ms':>7} {'naive ms':>9} {'sort ms':>8} {'naive/pass':>10} {'starts':>6}")
     for r in rows:
@@ -171,7 +196,7 @@ def main() -> int:
     print(json.dumps({"benchmark": "scheduler", "rows": rows}))
     if not args.no_docs:
         write_docs(rows, ".venv/bin/python benchmarks/bench_scheduler.py")
-    return 0 if all(r["met"] for r in rows) else 1
+    return 0 if all(r["met"] and r["met_with_store"] for r in rows) else 1
 
 
 if __name__ == "__main__":

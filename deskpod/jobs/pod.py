@@ -32,7 +32,7 @@ from deskpod.jobs import supervisor as sv
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast, forecast
 from deskpod.jobs.isolation import Isolation, Prepared
-from deskpod.jobs.scheduler import Running, Waiting, schedule
+from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord, Store, User
@@ -113,6 +113,7 @@ class Pod:
         # The daemon's own CUDA_VISIBLE_DEVICES: device i of its topology is entry i of that list.
         self._visible = Environment.read().cuda_visible_devices
         self._wake = threading.Event()
+        self._waiting = WaitingCache()
         self._stop = threading.Event()
         self.stopping = threading.Event()
         """Set when the service begins to shut down: long-lived answers (live page streams) end then."""
@@ -389,13 +390,13 @@ class Pod:
 
     def _schedule(self, now: float) -> None:
         running = self._running(now)
-        queued = self.store.queue()
-        if not queued:
+        queued, changed = self.store.queue_delta()
+        waiting = self._waiting.apply(queued, changed)
+        if not waiting:
             return
-        waiting = [Waiting(q[0], q[1], q[2], q[3], q[4]) for q in queued]
-        plan = schedule(waiting, running, self.device_count, self.place, now, preemption=self.config.preemption)
-        shown = {q[0]: q[5] for q in queued}
-        self.store.set_reasons({i: r for i, r in plan.waits.items() if shown.get(i) != r})
+        plan = schedule(waiting, running, self.device_count, self.place, now, preemption=self.config.preemption,
+                        ordered=True)  # fmt: skip
+        self.store.set_reasons({i: r for i, r in plan.waits.items() if (q := queued.get(i)) is None or q[5] != r})
         for victim in plan.preempt:
             self.store.update(victim, expect=ACTIVE, stop_reason="preempt", reason=f"preempted for job {plan.reserved}")
             self.store.note(victim, f"preemption requested for job {plan.reserved}")

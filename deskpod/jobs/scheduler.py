@@ -28,9 +28,11 @@ jobs asks the placement a handful of times.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from deskpod.hardware.placement import Placement, Unplaceable
 
@@ -47,6 +49,44 @@ class Waiting:
     devices: int
     policy: str = "best"
     max_runtime: float | None = None
+
+
+def order_key(job: Waiting) -> tuple[int, int]:
+    """The order of the queue: higher priority first, then first come."""
+    return (-job.priority, job.id)
+
+
+class WaitingCache:
+    """The queue as `Waiting` objects in `order_key` order, kept between passes from the store's changes
+    (`deskpod.jobs.store.Store.queue_delta`): building 10,000 of them anew and sorting them cost a pass more
+    than deciding it. A changed job is taken out of the order and put back in (bisection), so a pass after a
+    submission touches one job, not the queue. One consumer: the pod's scheduling loop."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, Waiting] = {}
+        self._order: list[Waiting] = []
+
+    def apply(self, queued: Mapping[int, tuple[Any, ...]], changed: Iterable[int] | None) -> list[Waiting]:
+        """The order after ``changed`` (ids whose row came, went or changed; None: start again from ``queued``,
+        rows as `deskpod.jobs.store.Store.queue` gives them)."""
+        if changed is None:
+            self._by_id = {i: Waiting(q[0], q[1], q[2], q[3], q[4]) for i, q in queued.items()}
+            self._order = sorted(self._by_id.values(), key=order_key)
+            return self._order
+        order = self._order
+        for i in changed:
+            old = self._by_id.pop(i, None)
+            if old is not None:
+                at = bisect.bisect_left(order, order_key(old), key=order_key)
+                if at < len(order) and order[at] is old:
+                    del order[at]
+                else:  # not where its key says: never expected, but the order must stay whole
+                    order.remove(old)
+            q = queued.get(i)
+            if q is not None:
+                w = self._by_id[i] = Waiting(q[0], q[1], q[2], q[3], q[4])
+                bisect.insort(order, w, key=order_key)
+        return order
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +134,10 @@ def schedule(
     now: float,
     *,
     preemption: bool = True,
+    ordered: bool = False,
 ) -> Plan:
-    """Decide one pass; see the module docstring for the policy."""
+    """Decide one pass; see the module docstring for the policy. ``ordered``: ``waiting`` is already in
+    `order_key` order (`WaitingCache.ordered`), so it is not sorted again."""
     plan = Plan()
     busy = {d for r in running for d in r.devices}
     free = [d for d in range(device_count) if d not in busy]
@@ -105,7 +147,7 @@ def schedule(
     extra = 0
     head_note = ""
 
-    for job in sorted(waiting, key=lambda j: (-j.priority, j.id)):
+    for job in waiting if ordered else sorted(waiting, key=order_key):
         k, key = job.devices, (job.devices, job.policy)
         in_time = False
         if head is not None:

@@ -156,6 +156,11 @@ def _record(row: sqlite3.Row) -> JobRecord:
     )
 
 
+QueueRow = tuple[int, int, int, str, float | None, str]
+"""A queued job for the scheduler: (id, priority, devices, placement, max_runtime, reason)."""
+QUEUE_COLUMNS = "id, priority, devices, placement, max_runtime, reason"
+
+
 class Store:
     """All reads and writes of the pod's state; every method is one transaction."""
 
@@ -175,14 +180,21 @@ class Store:
         self.version = 0
         """Committed write transactions so far (in this process)."""
         self._touched: dict[int, int] = {}
+        self._queued: dict[int, QueueRow] | None = None
+        """The queued jobs as `queue` gives them, kept in step with this process's writes (see `queue`)."""
+        self._data_version = -1
+        self._queue_changed: set[int] | None = None
+        """Jobs whose scheduler fields (all but the reason) changed since `queue_delta` was last called; None:
+        the whole queue was read again."""
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
     @contextmanager
-    def _tx(self, *jobs: int) -> Iterator[sqlite3.Connection]:
-        """One write transaction; ``jobs`` are the jobs it may change (for `touched`)."""
+    def _tx(self, *jobs: int, refresh: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction; ``jobs`` are the jobs it may change (for `touched`, and the queue view, which
+        reads their rows again unless ``refresh`` is false: the caller then keeps the view itself)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -196,6 +208,32 @@ class Store:
                 self._touched.clear()  # readers then see version 0 != theirs and read once more
             for j in jobs:
                 self._touched[j] = self.version
+            if refresh and jobs and self._queued is not None:
+                self._refresh_queued(jobs)
+
+    def _refresh_queued(self, jobs: Iterable[int]) -> None:
+        assert self._queued is not None
+        ids = list(jobs)
+        marks = ",".join("?" * len(ids))
+        cur = self._db.execute(f"SELECT {QUEUE_COLUMNS}, state FROM jobs WHERE id IN ({marks})", ids)
+        cur.row_factory = None
+        found = {r[0]: r for r in cur.fetchall()}
+        for j in ids:
+            row = found.get(j)
+            before = self._queued.get(j)
+            if row is not None and row[6] == JobState.QUEUED.value:
+                if before is None and self._queued and j < next(reversed(self._queued)):
+                    self._queued = dict(sorted({**self._queued, j: row[:6]}.items()))  # a requeue: keep id order
+                else:
+                    self._queued[j] = row[:6]
+                if before is None or before[:5] != row[:5]:
+                    self._note_changed(j)
+            elif self._queued.pop(j, None) is not None:
+                self._note_changed(j)
+
+    def _note_changed(self, job_id: int) -> None:
+        if self._queue_changed is not None:
+            self._queue_changed.add(job_id)
 
     def touched(self, job_id: int) -> int:
         """The store version of the last write to this job in this process (0: none seen)."""
@@ -286,7 +324,10 @@ class Store:
             job_id = int(cur.lastrowid or 0)
             db.execute("INSERT INTO events VALUES (?, ?, NULL, ?, ?)", (job_id, now, "queued", f"submitted by {user}"))
             row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        self._touched[job_id] = self.version
+        with self._lock:
+            self._touched[job_id] = self.version
+            if self._queued is not None:
+                self._refresh_queued([job_id])
         return _record(row)
 
     def job(self, job_id: int) -> JobRecord | None:
@@ -377,14 +418,34 @@ class Store:
         with self._tx(job_id) as db:
             return db.execute(sql, args).rowcount == 1
 
-    def queue(self) -> list[tuple[int, int, int, str, float | None, str]]:
-        """Queued jobs as (id, priority, devices, placement, max_runtime, reason): the scheduler's light view."""
+    def queue(self) -> list[QueueRow]:
+        """Queued jobs as (id, priority, devices, placement, max_runtime, reason), by id: the scheduler's light view.
+
+        Read from SQLite once, then kept in memory: this process's writes update it as they commit (the rows they
+        touch are read again), and a commit by any other connection (``PRAGMA data_version`` moves) makes the
+        next call read the whole queue again. So a pass at 10,000 queued jobs reads only what changed.
+        """
         with self._lock:
-            cur = self._db.execute(
-                "SELECT id, priority, devices, placement, max_runtime, reason FROM jobs WHERE state = 'queued'"
-            )
+            return list(self._current_queue().values())
+
+    def queue_delta(self) -> tuple[dict[int, QueueRow], set[int] | None]:
+        """The queue view by id, and the jobs whose scheduler fields changed since the last call (None: everything
+        may have; start again). For one consumer, the pod's scheduling loop (`deskpod.jobs.scheduler.WaitingCache`);
+        the view is the store's own: read it, never change it."""
+        with self._lock:
+            view = self._current_queue()
+            changed, self._queue_changed = self._queue_changed, set()
+            return view, changed
+
+    def _current_queue(self) -> dict[int, QueueRow]:
+        version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
+        if self._queued is None or version != self._data_version:
+            cur = self._db.execute(f"SELECT {QUEUE_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY id")
             cur.row_factory = None  # plain tuples: a third of the time of sqlite3.Row for 10,000 rows
-            return cur.fetchall()
+            self._queued = {r[0]: r for r in cur.fetchall()}
+            self._data_version = version
+            self._queue_changed = None
+        return self._queued
 
     def note(self, job_id: int, text: str) -> None:
         """Add a history line without a state change (a re-adoption, a preemption request)."""
@@ -397,10 +458,15 @@ class Store:
         """Write wait reasons of queued jobs (the caller passes only those that changed)."""
         if not reasons:
             return
-        with self._tx(*reasons) as db:
+        with self._tx(*reasons, refresh=False) as db:
             db.executemany(
                 "UPDATE jobs SET reason = ? WHERE id = ? AND state = 'queued'", [(r, i) for i, r in reasons.items()]
             )
+            if self._queued is not None:
+                for i, r in reasons.items():
+                    row = self._queued.get(i)
+                    if row is not None:
+                        self._queued[i] = (*row[:5], r)
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
         with self._lock:

@@ -121,3 +121,32 @@ def test_real_placement_reason_on_a_dgx1() -> None:
     # With pack (links be damned) it starts on the four free GPUs.
     plan = schedule([Waiting(1, 0, 4, policy="pack")], running, 8, place, NOW, preemption=False)
     assert [s.devices for s in plan.starts] == [(1, 3, 4, 6)]
+
+
+def test_the_waiting_cache_keeps_the_queue_order_through_changes() -> None:
+    import random
+
+    from deskpod.jobs.scheduler import WaitingCache, order_key
+
+    rng = random.Random(3)
+    rows = {i: (i, rng.randrange(5), rng.choice((1, 2, 4)), "best", None, "") for i in range(1, 2001)}
+    cache = WaitingCache()
+    order = cache.apply(rows, None)
+    next_id = 2001
+    for step in range(60):
+        changed: set[int] = set()
+        for _ in range(rng.randrange(0, 4)):  # submissions
+            rows[next_id] = (next_id, rng.randrange(5), 1, "best", None, "")
+            changed.add(next_id)
+            next_id += 1
+        for victim in rng.sample(sorted(rows), rng.randrange(0, 3)):  # starts and cancels
+            del rows[victim]
+            changed.add(victim)
+        other = rng.choice(sorted(rows))  # a field the scheduler reads
+        rows[other] = (other, (rows[other][1] + 1) % 5, *rows[other][2:])
+        changed.add(other)
+        order = cache.apply(rows, changed)
+        expect = sorted(((q[1], q[0]) for q in rows.values()), key=lambda t: (-t[0], t[1]))
+        assert [(w.priority, w.id) for w in order] == expect, step
+        assert order == sorted(order, key=order_key)
+    assert [w.id for w in cache.apply(rows, None)] == [w.id for w in order]  # starting again gives the same

@@ -64,3 +64,50 @@ def test_version_counts_committed_writes(tmp_path: Path) -> None:
     assert not store.transition(job.id, JobState.RUNNING, "no", expect=[JobState.RUNNING])
     store.transition(job.id, JobState.STARTING, "yes", expect=[JobState.QUEUED])
     assert store.version > v + 1
+
+
+def _queue_from_sql(store: Store) -> list[tuple[object, ...]]:
+    cur = store._db.execute(
+        "SELECT id, priority, devices, placement, max_runtime, reason FROM jobs WHERE state = 'queued' ORDER BY id"
+    )
+    return [tuple(r) for r in cur.fetchall()]
+
+
+def test_the_queue_view_follows_every_write_and_other_connections(tmp_path: Path) -> None:
+    import sqlite3
+
+    store = _store(tmp_path)
+    ids = [
+        store.submit("alice", parse_spec({"command": ["x"], "priority": i % 3}), 1 + i % 2, 1.0).id for i in range(6)
+    ]
+    assert store.queue() == _queue_from_sql(store)  # read once
+    store.set_reasons({ids[0]: "waits for 2 GPUs", ids[5]: "behind job 1"})
+    store.transition(ids[1], JobState.STARTING, "start", expect=[JobState.QUEUED], assigned="0")
+    store.transition(ids[2], JobState.CANCELLED, "cancel", expect=[JobState.QUEUED])
+    store.update(ids[3], reason="needs 2 NVLink-connected GPUs")
+    late = store.submit("bob", parse_spec({"command": ["y"]}), 1, 2.0).id
+    store.transition(ids[1], JobState.QUEUED, "requeued", expect=[JobState.STARTING], assigned="")  # back, mid-queue
+    view = store.queue()
+    assert view == _queue_from_sql(store)
+    assert [r[0] for r in view] == [ids[0], ids[1], ids[3], ids[4], ids[5], late]  # by id, as SQL gives it
+    assert view[0][5] == "waits for 2 GPUs" and view[2][5] == "needs 2 NVLink-connected GPUs"
+    # Another connection (another process) writes: the next read sees it.
+    other = sqlite3.connect(str(tmp_path / "pod.db"), isolation_level=None)
+    other.execute("UPDATE jobs SET state = 'cancelled' WHERE id = ?", (ids[4],))
+    other.close()
+    assert store.queue() == _queue_from_sql(store) and ids[4] not in [r[0] for r in store.queue()]
+
+
+def test_queue_delta_names_the_jobs_whose_scheduler_fields_changed(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    a, b, c = (store.submit("alice", parse_spec({"command": ["x"]}), 1, 1.0).id for _ in range(3))
+    view, changed = store.queue_delta()
+    assert changed is None and list(view) == [a, b, c]  # the first read: start from the whole queue
+    store.set_reasons({a: "behind job 9"})
+    store.update(b, reason="needs 2 GPUs")
+    assert store.queue_delta()[1] == set()  # reasons are not the scheduler's input
+    store.transition(a, JobState.CANCELLED, "cancel", expect=[JobState.QUEUED])
+    d = store.submit("bob", parse_spec({"command": ["y"]}), 2, 2.0).id
+    view, changed = store.queue_delta()
+    assert changed == {a, d} and list(view) == [b, c, d] and view[b][5] == "needs 2 GPUs"
+    assert store.queue_delta()[1] == set()
