@@ -40,13 +40,10 @@ from docs_section import cpu_model, replace_subsection
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_lung_eval import INTRO, SECTION  # noqa: E402  (one "## Lung CT" section, one introduction)
+
 from deskpod.lung.phantom import write_followup  # noqa: E402
 
-SECTION = "## Lung CT"
-INTRO = (
-    "deskpod's lung-nodule application (`deskpod/lung/`, issue 13). Decision support, not a medical device:\n"
-    "the figures here are timings and checks on synthetic data, not clinical results."
-)
 SUB = "### deskpod lung analyze at 512×512×300 (bench_lung_analyze.py)"
 PY = sys.executable
 TARGET_S = 120.0

@@ -24,10 +24,10 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
+from bench_lung_eval import INTRO, SECTION
 from docs_section import cpu_model, replace_subsection
 
 REFERENCE = Path(__file__).with_name("reference_lung_detector.py")
-SECTION = "## Lung CT"
 TITLE = "### Detector training against a plain MONAI loop (bench_lung_train.py)"
 
 
@@ -115,7 +115,7 @@ Medians: deskpod {statistics.median(ours):.2f}, reference {statistics.median(ref
 """
     print(block)
     if not a.no_docs:
-        replace_subsection(SECTION, TITLE, block)
+        replace_subsection(SECTION, TITLE, block, intro=INTRO)
     return 0 if met else 1
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from deskpod.cli.train import add_run_arguments
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
@@ -180,27 +182,14 @@ def _register_train(lung: argparse._SubParsersAction) -> None:  # type: ignore[t
     t.add_argument("--negatives", type=int, metavar="N", help="hard-negative crops per nodule crop (default 1)")
     t.add_argument("--repeats", type=int, metavar="N", help="crops of each nodule per epoch (default 1)")
     t.add_argument("--cache", metavar="DIR", help="folder for the resampled scans (default ~/.cache/deskpod/luna16)")
-    t.add_argument("--devices", help="all (default), a count N, or indices like 0,2,3")
-    length = t.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=int, help="passes over the nodule crops (default 3)")
-    length.add_argument("--steps", type=int, help="optimizer steps instead of epochs")
     t.add_argument("--batch-size", type=int, default=4, metavar="PER_DEVICE", help="crops per device (default 4)")
-    t.add_argument("--precision", help="auto (default), fp32, bf16 or fp16")
     t.add_argument(
         "--optimizer",
         default="adamw",
         help="adamw (default: converges in far fewer steps) or sgd (MONAI's app: --optimizer sgd --lr 0.01)",
     )
     t.add_argument("--lr", type=float, default=0.001, help="peak learning rate (default 0.001, for adamw)")
-    t.add_argument("--out", metavar="DIR", help="folder of run folders (default runs)")
-    t.add_argument("--name", help="run name")
-    t.add_argument("--seed", type=int, help="random seed (default 0)")
-    t.add_argument("--resume", action="store_true", help="continue the named (or latest) run from its checkpoint")
-    t.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes of the Slurm allocation (as deskpod train)")
-    t.add_argument("--submit", action="store_true", help="queue it on the pod service (deskpod up) instead")
-    out = t.add_mutually_exclusive_group()
-    out.add_argument("--quiet", action="store_true", help="print only errors and the final summary")
-    out.add_argument("--json", action="store_true", help="print JSON lines (one event each) for scripts")
+    add_run_arguments(t, "passes over the nodule crops (default 3)")
     t.set_defaults(func=run_train)
 
 

@@ -28,19 +28,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--task-options", metavar="K=V,...", help="options of that task (it lists its keys)")
     p.add_argument("--model", help="convnet, mlp, alexnet, resnet18, resnet50, or package.module:factory")
     p.add_argument("--data", help="fashion-mnist, synthetic[:CxHxW], or imagefolder:PATH")
+    p.add_argument("--batch-size", type=int, metavar="PER_DEVICE", help="samples per device per step (default 128)")
+    p.add_argument("--compile", action="store_const", const=True, help="compile the model with torch.compile")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: linear scaling rule)")
+    p.add_argument("--optimizer", help="sgd (default) or adamw")
+    add_run_arguments(p, "passes over the training data (default 3)")
+    p.set_defaults(func=run)
+
+
+def add_run_arguments(p: argparse.ArgumentParser, epochs_help: str) -> None:
+    """The flags of where and how a training runs, shared by ``deskpod train`` and the commands built on it
+    (``deskpod lung train``): devices, length, precision, the run folder, resume, nodes, submit, output."""
     p.add_argument("--devices", help="all (default), a count N, or indices like 0,2,3")
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=int, help="passes over the training data (default 3)")
+    length.add_argument("--epochs", type=int, help=epochs_help)
     length.add_argument("--steps", type=int, help="optimizer steps instead of epochs")
-    p.add_argument("--batch-size", type=int, metavar="PER_DEVICE", help="samples per device per step (default 128)")
     p.add_argument("--precision", help="auto (default), fp32, bf16 or fp16")
-    p.add_argument("--compile", action="store_const", const=True, help="compile the model with torch.compile")
     p.add_argument("--resume", action="store_true", help="continue the named (or latest) run from its last checkpoint")
     p.add_argument("--out", metavar="DIR", help="folder of run folders (default runs)")
     p.add_argument("--name", help="run name (default <model>-<data>-<date>-<time>)")
     p.add_argument("--seed", type=int, help="random seed (default 0)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: linear scaling rule)")
-    p.add_argument("--optimizer", help="sgd (default) or adamw")
     p.add_argument(
         "--nodes",
         type=int,
@@ -52,7 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     out = p.add_mutually_exclusive_group()
     out.add_argument("--quiet", action="store_true", help="print only errors and the final summary")
     out.add_argument("--json", action="store_true", help="print JSON lines (one event each) for scripts")
-    p.set_defaults(func=run)
 
 
 FLAG_KEYS = ("task", "task_options", "model", "data", "devices", "epochs", "steps", "batch_size", "precision",

@@ -203,11 +203,7 @@ def analyze(
     why = phantom_reason(Path(scan_path)) if phantom is None else ("given" if phantom else "")
     is_phantom = bool(why) if phantom is None else phantom
 
-    with stages.run("read"):
-        scan = read_scan(scan_path)
-    with stages.run("lung mask"):
-        lungs = lung_mask(scan)
-    lesions, dropped, detected = _nodules(scan, lungs, detect, max_nodules, "N", stages, "")
+    scan, lungs, lesions, dropped, detected = _examine(scan_path, detect, max_nodules, "N", stages, "")
     z_extent = _lung_z_extent(scan, lungs)
     count = len(lesions)
     uppers = [_upper_lobe(les, z_extent) for les in lesions]
@@ -242,11 +238,9 @@ def analyze(
     compare_note = ""
     if prior_path is not None:
         assert days is not None
-        with stages.run("prior: read"):
-            prior = read_scan(prior_path)
-        with stages.run("prior: lung mask"):
-            prior_lungs = lung_mask(prior)
-        prior_lesions, prior_dropped, _ = _nodules(prior, prior_lungs, detect, max_nodules, "P", stages, "prior: ")
+        prior, prior_lungs, prior_lesions, prior_dropped, _ = _examine(
+            prior_path, detect, max_nodules, "P", stages, "prior: "
+        )
         prior_info = _info(prior, prior_lungs)
         mapped: npt.NDArray[np.float64] | None = None
         try:
@@ -353,6 +347,22 @@ def _detector(detector: str | Path | None) -> Callable[[Scan, LungMask], list[Ca
         raise ConfigError(f"detector {run}: {err}; run without --detector for the classical candidates") from None
     model = det.load_detector(run)
     return lambda scan, lungs: list(model.detect(scan))
+
+
+def _examine(
+    path: str | Path,
+    detect: Callable[[Scan, LungMask], list[CandidateLike]] | None,
+    max_nodules: int,
+    prefix: str,
+    stages: _Stages,
+    label: str,
+) -> tuple[Scan, LungMask, list[Lesion], list[Dropped], bool]:
+    """One scan read, its lungs masked and its nodules found (the stages named with ``label`` first)."""
+    with stages.run(f"{label}read"):
+        scan = read_scan(path)
+    with stages.run(f"{label}lung mask"):
+        lungs = lung_mask(scan)
+    return (scan, lungs, *_nodules(scan, lungs, detect, max_nodules, prefix, stages, label))
 
 
 def _nodules(

@@ -17,7 +17,6 @@ inference, returning candidates with probabilities in world coordinates (LPS mm)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -345,8 +344,3 @@ def load_detector(run_dir: str | Path) -> Detector:
     model = DetectorModel(cfg.model, options.spacing)
     model.load_state_dict(state["model"])
     return Detector(run, model, options, int(state["step"]))
-
-
-def detect_scans(detector: Detector, scans: Sequence[tuple[str, Scan]]) -> list[tuple[str, Candidate]]:
-    """Candidates of several scans as (seriesuid, candidate) rows, for a LUNA16 results file."""
-    return [(uid, c) for uid, scan in scans for c in detector.detect(scan)]
