@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -49,6 +50,38 @@ ERROR: dict[str, Any] = {
                                                 "properties": {"error": {"type": "string"}}}}},
 }  # fmt: skip
 """An error answer, for the OpenAPI document's responses."""
+
+WHY: dict[int, str] = {
+    400: "bad input: a field, value or body that is not valid; `error` names it and says what is valid",
+    401: "no token, a malformed `Authorization` header, or a token the pod does not know",
+    403: "a caller without the right to this (not an admin, another user's jobs, a priority above the pod's limit),"
+    " or on the Unix socket an OS account that is no deskpod user",
+    404: "no such job or user (another user's job looks like none)",
+    409: "valid, but the pod's current state refuses it",
+    413: f"a request body over {MAX_BODY} bytes",
+    422: "a query parameter of the wrong type or outside its range",
+    500: "the pod service failed while doing valid work (a bug if it says `internal error`)",
+}
+"""What each error status of the API means, for the OpenAPI document."""
+STATES = [s.value for s in JobState]
+SUBMIT_CONFLICT = (
+    "a valid spec this box cannot take: it can never fit the devices, its workdir or serve run is not here, it needs"
+    " a cluster (nodes), or an interpreter, container runtime or OS account this box lacks"
+)
+LOG_HEADERS: dict[str, Any] = {
+    "X-Deskpod-Offset": {"required": True, "description": "the offset to ask for next",
+                         "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+    "X-Deskpod-State": {"required": True, "description": "the job's state", "schema": {"type": "string", "enum": STATES}},
+}  # fmt: skip
+
+
+def errors(*codes: int, **why: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of the given error statuses, each with the error body; ``why`` (``s409=...``)
+    says what a status means for this operation. 401 and 500 are added: every operation with a caller has them."""
+    answers: dict[int | str, dict[str, Any]] = {}
+    for code in sorted({*codes, 401, 500}):
+        answers[code] = {**ERROR, "description": why.get(f"s{code}", WHY[code])}
+    return answers
 
 
 def status_of(e: DeskpodError) -> int:
@@ -92,9 +125,17 @@ PEER = "deskpod.peer"
 """The scope key under which the daemon's HTTP protocol puts a Unix-socket caller's `identity.Peer`."""
 
 
-def current_user(request: Request, authorization: Annotated[str | None, Header()] = None) -> User:
+BEARER = HTTPBearer(
+    auto_error=False,
+    description="a deskpod token (`deskpod user add NAME` makes one); not needed on the pod's Unix socket",
+)
+"""The document's security scheme; `current_user` reads the header itself (its messages, the Unix socket)."""
+
+
+def current_user(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None) -> User:
     """The caller: from its bearer token, or on the Unix socket from the kernel (every endpoint but /health)."""
     pod: Pod = request.app.state.pod
+    authorization = request.headers.get("authorization")
     peer = request.scope.get(PEER)
     if peer is not None and not authorization and pod.accounts is not None:
         return pod.accounts.user_of(peer)
@@ -160,12 +201,14 @@ def create_app(
             raise ConfigError(f"request body: unknown field {unknown[0]!r}; valid: {', '.join(fields)}")
         return data
 
+    spec_schema = SPEC_SCHEMA if pod.isolation is not None else spec_without_environment()
+
     @app.get("/health", tags=["service"])
     def health() -> dict[str, str]:
         """Liveness; the only endpoint without a token."""
         return {"status": "ok", "version": __version__}
 
-    @app.get("/v1/whoami", tags=["users"])
+    @app.get("/v1/whoami", tags=["users"], responses=errors(403))
     def whoami(user: Caller) -> dict[str, Any]:
         return {"name": user.name, "admin": user.admin, "runs_as": runs_as(pod, user)}
 
@@ -173,18 +216,20 @@ def create_app(
         "/v1/jobs",
         status_code=201,
         tags=["jobs"],
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": SPEC_SCHEMA}}}},
+        responses=errors(400, 403, 409, 413, s409=SUBMIT_CONFLICT),
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": spec_schema}}}},
     )
     async def submit(request: Request, user: Caller) -> dict[str, Any]:
-        """Queue a job; refused (400) when the spec is bad or the job can never fit this box."""
+        """Queue a job; refused with 400 when the spec is bad, 409 when this box cannot take a valid one (it can
+        never fit, its workdir or serve run is not here, it needs a cluster or environments this pod lacks)."""
         data = await json_body(request)
         job = await run_in_threadpool(pod.submit, user, data)
         return job.to_json()
 
-    @app.get("/v1/jobs", tags=["jobs"], responses={400: ERROR, 403: ERROR})
+    @app.get("/v1/jobs", tags=["jobs"], responses=errors(400, 403, 422))
     def list_jobs(
         user: Caller,
-        state: Annotated[str | None, Query(max_length=32)] = None,
+        state: Annotated[str | None, Query(max_length=32, json_schema_extra={"enum": STATES})] = None,
         limit: Annotated[int, Query(ge=1, le=100000)] = 1000,
         owner: Annotated[str | None, Query(alias="user", max_length=64)] = None,
         name: Annotated[str | None, Query(max_length=64)] = None,
@@ -197,23 +242,32 @@ def create_app(
         nxt = str(jobs[-1].id) if len(jobs) == limit else None
         return {"jobs": [j.to_json() for j in jobs], "next": nxt}
 
-    @app.get("/v1/jobs/{job_id}", tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", tags=["jobs"], responses=errors(403, 404))
     def show(job_id: str, user: Caller) -> dict[str, Any]:
         job = pod.visible_job(user, job_id)
         return {**job.to_json(), "events": store.events(job.id)}
 
-    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"])
+    @app.post("/v1/jobs/{job_id}/cancel", tags=["jobs"], responses=errors(403, 404))
     def cancel(job_id: str, user: Caller) -> dict[str, Any]:
         """Cancel a queued job at once, or stop a running one (SIGTERM, grace, SIGKILL)."""
         return pod.cancel(user, job_id).to_json()
 
-    @app.post("/v1/jobs/{job_id}/requeue", tags=["jobs"], responses={404: ERROR, 409: ERROR})
+    @app.post(
+        "/v1/jobs/{job_id}/requeue",
+        tags=["jobs"],
+        responses=errors(403, 404, 409, s409="the job succeeded: a finished success is not run again"),
+    )
     def requeue(job_id: str, user: Caller) -> dict[str, Any]:
         """Send a cancelled, failed or lost job back to the queue, or stop a running one and requeue it
         (a train job resumes from its checkpoint); 409 for a job that succeeded."""
         return pod.requeue(user, job_id).to_json()
 
-    @app.get("/v1/jobs/{job_id}/log", tags=["jobs"], response_class=PlainTextResponse)
+    @app.get(
+        "/v1/jobs/{job_id}/log",
+        tags=["jobs"],
+        response_class=PlainTextResponse,
+        responses={200: {"headers": LOG_HEADERS}, **errors(403, 404, 422)},
+    )
     def log(
         job_id: str,
         user: Caller,
@@ -226,12 +280,12 @@ def create_app(
         headers = {"X-Deskpod-Offset": str(offset + len(data)), "X-Deskpod-State": job.state.value}
         return Response(content=data, media_type="text/plain; charset=utf-8", headers=headers)
 
-    @app.get("/v1/status", tags=["service"])
+    @app.get("/v1/status", tags=["service"], responses=errors(403))
     def status(user: Caller) -> dict[str, Any]:
         """Each device: free, or which job and user holds it; queue and running counts."""
         return pod.status()
 
-    @app.get("/metrics", tags=["service"], response_class=PlainTextResponse)
+    @app.get("/metrics", tags=["service"], response_class=PlainTextResponse, responses=errors(403))
     def prometheus(user: Caller) -> Response:
         text = metrics.render(pod.status(), store.counts(), store.durations())
         return Response(content=text, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -243,7 +297,12 @@ def create_app(
         "properties": {
             "name": {"type": "string", "pattern": auth.USER_RE.pattern},
             "admin": {"type": "boolean"},
-            "os_user": {"type": "string", "description": "the OS account the user's jobs run as (a root pod)"},
+            "os_user": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 64,
+                "description": "the OS account the user's jobs run as (a root pod)",
+            },
         },
     }
 
@@ -251,6 +310,7 @@ def create_app(
         "/v1/users",
         status_code=201,
         tags=["users"],
+        responses=errors(400, 403, 409, 413, s409="the user exists already, or `os_user` names no account of this box"),
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": user_schema}}}},
     )
     async def add_user(request: Request, user: Caller) -> dict[str, Any]:
@@ -261,18 +321,25 @@ def create_app(
         admin = data.get("admin", False)
         if not isinstance(admin, bool):
             raise ConfigError(f"admin = {admin!r}: expected true or false")
-        os_user = pod.accounts.check_os_user(data.get("os_user")) if pod.accounts is not None else None
+        os_user = None
+        if pod.accounts is not None:
+            wanted = data.get("os_user")
+            well_formed = isinstance(wanted, str) and 0 < len(wanted) <= 64
+            try:
+                os_user = pod.accounts.check_os_user(wanted)
+            except ConfigError as e:  # a well-formed name this box has no account for: its state, not bad input
+                raise (ConflictError(str(e)) if well_formed else e) from None
         if not store.add_user(name, admin, os_user):
             raise ConflictError(f"user {name!r} exists already; make another token with POST /v1/users/{name}/tokens")
         made = {"name": name, "admin": admin, "token": auth.new_token(store, name)}
         return {**made, "runs_as": runs_as(pod, store.user(name))}
 
-    @app.get("/v1/users", tags=["users"])
+    @app.get("/v1/users", tags=["users"], responses=errors(403))
     def list_users(user: Caller) -> dict[str, Any]:
         auth.require_admin(user)
         return {"users": [{"name": u.name, "admin": u.admin, "runs_as": runs_as(pod, u)} for u in store.users()]}
 
-    @app.post("/v1/users/{name}/revoke", tags=["users"])
+    @app.post("/v1/users/{name}/revoke", tags=["users"], responses=errors(403, 404))
     def revoke(name: str, user: Caller) -> dict[str, Any]:
         """Revoke every token and dashboard session of a user: an admin for anyone, a user for themself."""
         if name != user.name:
@@ -281,7 +348,7 @@ def create_app(
             raise NotFoundError(f"no user {name!r}")
         return {"name": name, "revoked": store.revoke(name)}
 
-    @app.post("/v1/users/{name}/tokens", status_code=201, tags=["users"])
+    @app.post("/v1/users/{name}/tokens", status_code=201, tags=["users"], responses=errors(403, 404))
     def add_token(name: str, user: Caller) -> dict[str, Any]:
         """Another token for a user: an admin for anyone, a user for themself."""
         if name != user.name:
@@ -290,7 +357,14 @@ def create_app(
             raise NotFoundError(f"no user {name!r}")
         return {"name": name, "token": auth.new_token(store, name)}
 
-    @app.post("/v1/shutdown", status_code=202, tags=["service"])
+    @app.post(
+        "/v1/shutdown",
+        status_code=202,
+        tags=["service"],
+        responses=errors(400, 403, 413),
+        openapi_extra={"requestBody": {"required": False, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "properties": {"stop_jobs": {"type": "boolean"}}}}}}},
+    )  # fmt: skip
     async def shutdown(request: Request, user: Caller) -> dict[str, Any]:
         """Stop the daemon (admin only). ``{"stop_jobs": true}`` also stops and requeues running jobs."""
         auth.require_admin(user)
@@ -304,7 +378,31 @@ def create_app(
 
     for extend in extensions:
         extend(app, pod)
+
+    def document() -> dict[str, Any]:
+        """FastAPI's document less its own 422 answers: where one can happen the route lists it with `ERROR`."""
+        if app.openapi_schema is None:
+            doc = FastAPI.openapi(app)
+            for ops in doc.get("paths", {}).values():
+                for op in ops.values():
+                    answer = op.get("responses", {}).get("422", {})
+                    if "HTTPValidationError" in json.dumps(answer):
+                        del op["responses"]["422"]
+            for name in ("HTTPValidationError", "ValidationError"):
+                doc.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = document  # type: ignore[method-assign]
     return app
+
+
+def spec_without_environment() -> dict[str, Any]:
+    """`SPEC_SCHEMA` for a pod that builds no environments (no isolation): there the field is refused (409)."""
+    props = {k: v for k, v in SPEC_SCHEMA["properties"].items() if k != "environment"}
+    kinds = [{**kind, "properties": {k: v for k, v in kind["properties"].items() if k != "environment"}}
+             for kind in SPEC_SCHEMA["oneOf"]]  # fmt: skip
+    return {**SPEC_SCHEMA, "properties": props, "oneOf": kinds}
 
 
 def runs_as(pod: Pod, user: User | None) -> str | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import AccessError, ConfigError, ConflictError, DeskpodError, DeviceError, NotFoundError
+from deskpod.errors import AccessError, ConfigError, ConflictError, DeskpodError, NotFoundError, UsageError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
@@ -134,27 +134,34 @@ class Pod:
             return job
         spec = parse_spec(data, device_count=self.device_count)
         self._check_priority(user, spec)
+        # What follows refuses valid specs that this box cannot take: a conflict with its state (409), not bad input
         if spec.nodes > 1:
-            raise ConfigError(
+            raise ConflictError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "
                 "deskpod up --backend slurm, or submit with deskpod submit --cluster slurm"
             )
         k = int(spec.devices)
         if spec.workdir is not None and not Path(spec.workdir).is_dir():
-            raise ConfigError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
+            raise ConflictError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
         if spec.serve is not None:
             _check_servable(Path(spec.serve["run"]))
         if self.isolation is not None:
-            self.isolation.check(spec)
-            self.isolation.account(user)  # a user without an account to run as is refused now, not at start
+            try:
+                self.isolation.check(spec)
+                self.isolation.account(user)  # a user without an account to run as is refused now, not at start
+            except ConfigError as e:  # the interpreter, container runtime or account this box lacks
+                raise ConflictError(str(e)) from None
         elif spec.environment is not None:
-            raise ConfigError("job spec: environment: this pod runs jobs in its own Python only")
+            raise ConflictError("job spec: environment: this pod runs jobs in its own Python only")
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
         if k > self.device_count:
-            raise DeviceError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
-        got = self.place(range(self.device_count), k, spec.placement)
+            raise ConflictError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
+        try:
+            got = self.place(range(self.device_count), k, spec.placement)
+        except UsageError as e:  # a placement naming what this machine lacks (a partition of another box)
+            raise ConflictError(f"job spec: placement {spec.placement!r}: {e}") from None
         if isinstance(got, Unplaceable) and not got.ever:
-            raise DeviceError(f"job can never fit this box: {got.reason}")
+            raise ConflictError(f"job can never fit this box: {got.reason}")
         job = self.store.submit(user.name, spec, k, self.clock())
         self.wake()
         return job
@@ -577,9 +584,9 @@ def _check_servable(run: Path) -> None:
     from deskpod.train.runs import has_checkpoint
 
     if not run.is_dir():
-        raise ConfigError(f"job spec: serve.run {str(run)!r} is not a run folder on this box")
+        raise ConflictError(f"job spec: serve.run {str(run)!r} is not a run folder on this box")
     if not has_checkpoint(run):
-        raise ConfigError(f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)")
+        raise ConflictError(f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)")
 
 
 def build_error(log: Path) -> str:

@@ -54,7 +54,7 @@ from typing import Any
 
 import tomli_w
 
-from deskpod.envs.definition import ENVIRONMENT_SCHEMA, EnvDefinition, parse_environment
+from deskpod.envs.definition import ENVIRONMENT_SCHEMA, IMAGE_RE, EnvDefinition, parse_environment
 from deskpod.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -157,16 +157,22 @@ def _bad(key: str, value: object, valid: str) -> ConfigError:
 
 
 def _int(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefix: str = "") -> int:
-    v = data.get(key, default)
+    v = _whole(data.get(key, default))
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise _bad(prefix + key, v, f"expected a whole number from {lo} to {hi}, e.g. {key} = {max(lo, min(hi, 1))}")
     return v
 
 
+def _whole(v: object) -> object:
+    """A JSON number with a whole value as an int: JSON (and the API's schema) cannot tell ``2.0`` from ``2``."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
 def _devices(v: object, device_count: int | None) -> int | str:
+    v = _whole(v)
     if isinstance(v, str) and v.strip().lower() == "all":
         return "all" if device_count is None else device_count
-    if isinstance(v, str) and v.strip().isdigit():
+    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # "²".isdigit() is True; int() refuses it
         v = int(v.strip())
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEVICES:
         raise _bad("devices", v, 'expected a count from 1 or "all", e.g. devices = 2')
@@ -378,19 +384,74 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return data
 
 
+NO_NUL = "^[^\\u0000]*$"
+"""A string without NUL characters (JSON Schema pattern)."""
+ABS_PATH: dict[str, Any] = {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}
+SLURM_NAME: dict[str, Any] = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"}
+
+
+REQUIREMENT = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(==[0-9]+(\.[0-9]+)*)?$"
+"""The document's form of a package requirement, ``name`` or ``name==version``: a part of PEP 508 (which the
+server reads in full), so that what the document calls valid is."""
+
+
+def _toml_value(depth: int) -> dict[str, Any]:
+    """A value the trainer's TOML file can hold (no nulls), nested at most ``depth`` tables or arrays deep."""
+    if depth == 0:
+        return {"type": ["string", "number", "boolean"]}
+    inner = _toml_value(depth - 1)
+    return {"type": ["string", "number", "boolean", "array", "object"], "items": inner, "additionalProperties": inner}
+
+
+def _env_schema() -> dict[str, Any]:
+    """`ENVIRONMENT_SCHEMA` with what `parse_environment` also demands: exactly one kind (a lock with its
+    pyproject), no python beside an image, an image reference's form, packages as ``name[==version]``."""
+    one_kind = [
+        {"required": ["packages"], "properties": {k: False for k in ("requirements", "lock", "pyproject", "image")}},
+        {"required": ["requirements"], "properties": {k: False for k in ("packages", "lock", "pyproject", "image")}},
+        {"required": ["lock", "pyproject"], "properties": {k: False for k in ("packages", "requirements", "image")}},
+        {"required": ["pyproject"], "properties": {k: False for k in ("packages", "requirements", "lock", "image")}},
+        {"required": ["image"], "properties": {k: False for k in ("packages", "requirements", "lock", "pyproject",
+                                                                  "python")}},
+    ]  # fmt: skip
+    props = dict(ENVIRONMENT_SCHEMA["properties"])
+    props["packages"] = {**props["packages"], "items": {**props["packages"]["items"], "pattern": REQUIREMENT}}
+    props["image"] = {**props["image"], "pattern": IMAGE_RE.pattern}
+    return {**ENVIRONMENT_SCHEMA, "properties": props, "oneOf": one_kind}
+
+
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
+    "description": "A job: exactly one of command, train and serve says what it runs; environment only with command.",
+    "oneOf": [
+        {"required": ["command"], "properties": {"train": False, "serve": False}},
+        {"required": ["train"], "properties": {"command": False, "serve": False, "environment": False}},
+        {"required": ["serve"], "properties": {"command": False, "train": False, "environment": False}},
+    ],
     "properties": {
         "name": {"type": "string", "pattern": NAME_RE.pattern},
-        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_ARGS},
-        "train": {"type": "object", "description": "deskpod train settings (the fields of its config file)"},
+        "command": {
+            "type": "array",
+            "items": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},
+            # prefixItems replaces items for the first: it repeats them, and the program is not empty
+            "prefixItems": [{"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": MAX_ARG_CHARS}],
+            "minItems": 1,
+            "maxItems": MAX_ARGS,
+            "description": "the argv to execute (no shell); the program, first, is not empty",
+        },
+        "train": {
+            "type": "object",
+            "additionalProperties": _toml_value(3),
+            "description": "deskpod train settings (the fields of its config file), writable as TOML (no nulls),"
+            f" under {MAX_TRAIN_CHARS} characters as JSON",
+        },
         "serve": {
             "type": "object",
             "additionalProperties": False,
             "required": ["run"],
             "properties": {
-                "run": {"type": "string", "description": "absolute path of a run folder with checkpoints"},
+                "run": {**ABS_PATH, "description": "absolute path of a run folder with checkpoints"},
                 "model": {"type": "string", "pattern": NAME_RE.pattern},
                 "format": {"type": "string", "enum": list(SERVE_FORMATS)},
                 "max_batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
@@ -401,31 +462,37 @@ SPEC_SCHEMA: dict[str, Any] = {
         "devices": {
             "oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}]
         },
-        "placement": {"type": "string", "example": "best"},
+        "placement": {"type": "string", "pattern": r"^(best|pack|partition:[A-Za-z0-9_-]{1,64})$", "example": "best"},
         "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
         "max_runtime": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S},
         "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES},
-        "env": {"type": "object", "additionalProperties": {"type": "string"}},
-        "workdir": {"type": "string"},
+        "env": {
+            "type": "object",
+            "maxProperties": MAX_ENV,
+            "propertyNames": {"pattern": ENV_NAME_RE.pattern, "not": {"enum": sorted(RESERVED_ENV)}},
+            "additionalProperties": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},
+        },
+        "workdir": ABS_PATH,
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
-        "environment": ENVIRONMENT_SCHEMA,
+        "environment": _env_schema(),
         "slurm": {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "partition": {"type": "string"},
-                "account": {"type": "string"},
-                "qos": {"type": "string"},
+                "partition": SLURM_NAME,
+                "account": SLURM_NAME,
+                "qos": SLURM_NAME,
                 "signal_before_s": {"type": "integer", "minimum": 0, "maximum": 3600},
                 "max_requeues": {"type": "integer", "minimum": 0, "maximum": 1000},
                 "max_node_failures": {"type": "integer", "minimum": 0, "maximum": 100},
                 "stage_data": {"type": "boolean"},
-                "scratch": {"type": "string"},
+                "scratch": ABS_PATH,
                 "scratch_limit_gb": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e6},
-                "env_cache": {"type": "string", "description": "where nodes build and share job environments"},
+                "env_cache": {**ABS_PATH, "description": "where nodes build and share job environments"},
             },
         },
     },
     "example": {"name": "hello", "command": ["python", "-c", "print('hi')"], "devices": 1},
 }
-"""The request body of ``POST /v1/jobs`` for the OpenAPI document; `parse_spec` is what enforces it."""
+"""The request body of ``POST /v1/jobs`` for the OpenAPI document; `parse_spec` is what enforces it (and checks
+what a schema cannot say: a train table's size, an environment's file contents)."""

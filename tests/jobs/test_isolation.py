@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from deskpod.envs.accounts import Account, drop_privileges
-from deskpod.errors import AccessError, AuthError, ConfigError
+from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError
 from deskpod.jobs.client import PodClient
 from tests.jobs.pods import Pod, Pods, wait_for, wait_state
 from tests.unix_users import make_users
@@ -225,10 +225,10 @@ def test_a_user_without_an_os_account_runs_as_the_unmapped_account_never_root(po
 def test_bad_environments_are_refused_at_submission(pod: Pod) -> None:
     admin = pod.client()
     with pytest.raises(
-        ConfigError, match=r"environment.python '3.99' is not available on this box; available: .*3\.11"
+        ConflictError, match=r"environment.python '3.99' is not available on this box; available: .*3\.11"
     ):
         admin.submit({"command": ["true"], "environment": {"python": "3.99", "packages": ["tabulate"]}})
-    with pytest.raises(ConfigError, match="needs a container runtime"):
+    with pytest.raises(ConflictError, match="needs a container runtime"):
         admin.submit({"command": ["true"], "environment": {"image": "docker.io/library/python:3.11"}})
     with pytest.raises(ConfigError, match="environment applies to command jobs"):
         admin.submit({"train": {"epochs": 1}, "environment": {"packages": ["tabulate"]}})

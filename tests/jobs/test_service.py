@@ -92,7 +92,7 @@ BAD_REQUESTS: list[tuple[str, str, dict[str, Any], int, str]] = [
     ("POST", "/v1/jobs", {"json": {"command": ["true"], "max_runtime": -5}}, 400, "max_runtime"),
     ("POST", "/v1/jobs", {"json": {"command": ["true"], "name": "x; rm -rf ~"}}, 400, "name"),
     ("POST", "/v1/jobs", {"json": {"command": ["true"], "name": "../../etc/passwd"}}, 400, "name"),
-    ("POST", "/v1/jobs", {"json": {"command": ["true"], "workdir": "/no/such/dir"}}, 400, "workdir"),
+    ("POST", "/v1/jobs", {"json": {"command": ["true"], "workdir": "/no/such/dir"}}, 409, "workdir"),
     ("POST", "/v1/jobs", {"json": {"command": "rm -rf /"}}, 400, "command"),
     ("POST", "/v1/jobs", {"json": [1, 2]}, 400, "expected an object"),
     ("POST", "/v1/jobs", {"content": b"x" * 5_000_000}, 413, "limit"),
