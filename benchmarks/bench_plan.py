@@ -65,8 +65,8 @@ def main() -> int:
             "Command: `.venv/bin/python benchmarks/bench_plan.py` "
             f"({time.strftime('%Y-%m-%d', time.gmtime())}, shared 2-core box).", "",
             summary, "",
-            "The report (`deskpod plan report`; GPU factors fitted to the DGX-1 P100 table only, the CPU efficiency",
-            "to the one row marked fit; every other claim row is out of sample):", "",
+            "The report (`deskpod plan report`; each stack's GPU factors fitted to its own table only, the CPU",
+            "efficiency to the one row marked fit; every row names the stack that predicted it):", "",
             report.split("\n", 2)[2].replace("\n## ", "\n#### "),
         ])  # fmt: skip
         replace_subsection(SECTION, SUBSECTION, body)

@@ -1,11 +1,15 @@
 """``deskpod plan``: predict training on catalog machines before buying or waiting for them.
 
 deskpod plan predict --model resnet50 --machine dgx1-v100 --nodes 4 --precision fp16
+deskpod plan predict --machine dgx1-p100 --stack tf1-2017   # the 2017 TensorFlow software, not the default
 deskpod plan compare --model alexnet dgx1-p100 xeon-e5-2697v3-2s dgx1-p100:124
 deskpod plan match --model resnet50 --machine xeon-e5-2697v3-2s --target dgx1-p100
 deskpod plan nodes --model resnet50 --machine dgx1-v100 --hours 1
 deskpod plan comm dgx1-v100 --devices 0,1,2,3 --nodes 2
-deskpod plan fit
+deskpod plan fit --stack pytorch-2021
+
+Every prediction is made under a named software stack (`deskpod.plan.stacks`; default pytorch-2021,
+machine ``local``: its own calibration) and says which, in text and in --json.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 from typing import Any
+
+_STACK_HELP = (
+    "software stack whose fitted factors predict: pytorch-2021 (default; PyTorch 21.03, AMP, DALI) or tf1-2017 "
+    "(TensorFlow, May 2017, FP32); machine local uses its own calibration (stack local)"
+)
 
 
 def _workload_args(p: argparse.ArgumentParser) -> None:
@@ -27,6 +36,7 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=90.0)
     p.add_argument("--data", default="real", choices=["real", "synthetic"], help="real adds the CPU input pipeline")
     p.add_argument("--network", default=None, help="NICs x Gb/s per node, e.g. 4x100 (default: the catalog's)")
+    p.add_argument("--stack", default=None, help=_STACK_HELP)
     p.add_argument("--json", action="store_true", help="print only JSON")
 
 
@@ -88,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cal.add_argument("--json", action="store_true")
     cal.set_defaults(func=run_calibrate)
 
-    f = plan.add_parser("fit", help="refit the model's factors (DGX-1 P100 figures; the CPU baseline) and show the fit")
+    f = plan.add_parser("fit", help="refit each stack's factors to its own table and show the fit")
+    f.add_argument("--stack", default=None, help="one stack (default: every catalog stack)")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=run_fit)
 
@@ -148,6 +159,12 @@ def _print_plans(plans: list[Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps([p.as_dict() for p in plans], indent=2))
         return
+    from deskpod.plan.stacks import STACKS
+
+    for name in dict.fromkeys(p.stack for p in plans):
+        s = STACKS.get(name)
+        about = f"{s.title}; factors fitted to {s.fitted_to}" if s else "this box as deskpod plan calibrate measured it"
+        print(f"stack: {name} ({about})")
     head = f"{'machine':<20}{'nodes':>6}{'dev':>5}{'compute ms':>11}{'comm ms':>9}{'exposed':>9}{'input':>8}" \
            f"{'step ms':>9}{'images/s':>11}{'scaling':>8}{'train':>10}{'energy kWh':>11}{'price $':>13}"  # fmt: skip
     print(head)
@@ -162,7 +179,8 @@ def run_predict(args: argparse.Namespace) -> int:
     from deskpod.plan.predict import predict_plan
 
     w = _workload(args, _devices_of(args.machine, args.precision, args.nodes, args.devices))
-    plan = predict_plan(w, args.machine, args.nodes, devices_per_node=args.devices, network=_network(args.network))
+    plan = predict_plan(w, args.machine, args.nodes, devices_per_node=args.devices, network=_network(args.network),
+                        stack=args.stack)  # fmt: skip
     _print_plans([plan], args.json)
     return 0
 
@@ -174,7 +192,7 @@ def run_compare(args: argparse.Namespace) -> int:
     for text in args.machines:
         name, nodes = _split(text)
         w = _workload(args, _devices_of(name, args.precision, nodes))
-        plans.append(predict_plan(w, name, nodes, network=_network(args.network)))
+        plans.append(predict_plan(w, name, nodes, network=_network(args.network), stack=args.stack))
     _print_plans(plans, args.json)
     if not args.json and len(plans) > 1:
         base = plans[0]
@@ -189,25 +207,27 @@ def run_match(args: argparse.Namespace) -> int:
     from deskpod.plan.predict import machine_facts, match_nodes, predict_plan
 
     name, nodes = _split(args.target)
-    target = predict_plan(_workload(args, _devices_of(name, args.precision, nodes)), name, nodes)
+    target = predict_plan(_workload(args, _devices_of(name, args.precision, nodes)), name, nodes, stack=args.stack)
     w = _workload(args, _devices_of(args.machine, args.precision, 1))
-    single = predict_plan(w, args.machine, 1)
+    single = predict_plan(w, args.machine, 1, stack=args.stack)
     ideal = target.images_per_s / single.images_per_s
     needed: int | None = None
     note = ""
     if single.images_per_s >= target.images_per_s:
         needed = 1
     elif args.network or machine_facts(args.machine, w.precision).topology.nics:
-        needed = match_nodes(w, args.machine, target.images_per_s, network=_network(args.network))
+        needed = match_nodes(w, args.machine, target.images_per_s, network=_network(args.network), stack=args.stack)
         note = "" if needed else ", and no node count up to the bound reaches it"
     else:
         note = f" ({single.machine} has no NICs in the catalog: give --network to count communication)"
-    out = {"target": f"{target.machine}:{target.nodes}", "target_images_per_s": target.images_per_s,
+    out = {"stack": single.stack, "target_stack": target.stack, "target": f"{target.machine}:{target.nodes}",
+           "target_images_per_s": target.images_per_s,
            "machine": single.machine, "single_node_images_per_s": single.images_per_s,
            "ideal_nodes": ideal, "nodes_with_communication": needed}  # fmt: skip
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        print(f"stack: {single.stack}" + (f" (target: {target.stack})" if target.stack != single.stack else ""))
         print(f"{target.machine}:{target.nodes} trains {w.model.name} at {target.images_per_s:,.0f} images/s; "
               f"one {single.machine} at {single.images_per_s:,.1f}: {ideal:,.1f} of them with perfect scaling"
               + (f", {needed:,} counting communication" if needed else "") + note)  # fmt: skip
@@ -225,12 +245,13 @@ def run_nodes(args: argparse.Namespace) -> int:
         target = w.dataset_images * w.epochs / (args.hours * 3600)
     else:
         target = args.images_per_s
-    needed = match_nodes(w, args.machine, target, network=_network(args.network))
+    needed = match_nodes(w, args.machine, target, network=_network(args.network), stack=args.stack)
     if needed is None:
         raise UsageError(f"no node count up to the bound reaches {target:,.0f} images/s on {args.machine}")
-    plan = predict_plan(w, args.machine, needed, network=_network(args.network))
+    plan = predict_plan(w, args.machine, needed, network=_network(args.network), stack=args.stack)
     if args.json:
-        print(json.dumps({"nodes": needed, "target_images_per_s": target, "plan": plan.as_dict()}, indent=2))
+        print(json.dumps({"nodes": needed, "stack": plan.stack, "target_images_per_s": target, "plan": plan.as_dict()},
+                         indent=2))  # fmt: skip
     else:
         print(f"{needed} x {plan.machine} reach {target:,.0f} images/s (predicted {plan.images_per_s:,.0f}):")
         _print_plans([plan], False)
@@ -276,26 +297,32 @@ def run_comm(args: argparse.Namespace) -> int:
 def run_fit(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from deskpod.plan.calibration import CPU_SOURCE, SOURCE, calibration_table, fit
+    from deskpod.plan.calibration import CPU_SOURCE, fit_stack, stack_table
+    from deskpod.plan.stacks import STACKS, find_stack
 
-    factors = fit()
-    table = calibration_table(factors)
+    names = [find_stack(args.stack).name] if args.stack else list(STACKS)
+    out: list[dict[str, Any]] = []
+    for name in names:
+        factors = fit_stack(name)
+        s = STACKS[name]
+        out.append({"stack": name, "title": s.title, "fitted_to": s.fitted_to, "not_fitted": s.not_fitted,
+                    "cpu_source": CPU_SOURCE, "factors": asdict(factors), "points": stack_table(name, factors)})  # fmt: skip
     if args.json:
-        print(
-            json.dumps(
-                {"factors": asdict(factors), "source": SOURCE, "cpu_source": CPU_SOURCE, "points": table}, indent=2
-            )
-        )
+        print(json.dumps(out, indent=2))
         return 0
-    print(f"fitted to {SOURCE}; cpu_compute_efficiency to {CPU_SOURCE}:")
-    for k, v in asdict(factors).items():
-        print(f"  {k} = {v}")
-    print(f"{'machine':<19}{'model':<10}{'dev':>4}{'data':>11}{'published':>11}{'predicted':>11}{'ratio':>7}")
-    for r in table:
-        print(
-            f"{r['machine']:<19}{r['model']:<10}{r['devices']:>4}{r['data']:>11}{r['published']:>11}"
-            f"{r['predicted']:>11}{r['ratio']:>7}"
-        )
+    for o in out:
+        print(f"stack {o['stack']}: {o['title']}")
+        print(f"fitted to {o['fitted_to']}; cpu_compute_efficiency to {o['cpu_source']}; not fitted: {o['not_fitted']}")
+        for k, v in o["factors"].items():
+            print(f"  {k} = {v}")
+        print(f"{'machine':<19}{'model':<10}{'dev':>4}{'prec':>6}{'batch':>6}{'data':>11}{'published':>11}"
+              f"{'predicted':>11}{'ratio':>7}  fitted")  # fmt: skip
+        for r in o["points"]:
+            print(
+                f"{r['machine']:<19}{r['model']:<10}{r['devices']:>4}{r['precision']:>6}{r['batch']:>6}{r['data']:>11}"
+                f"{r['published']:>11}{r['predicted']:>11}{r['ratio']:>7}  {'yes' if r['fitted'] else 'no'}"
+            )
+        print()
     return 0
 
 
@@ -403,5 +430,5 @@ def run_calibrate(args: argparse.Namespace) -> int:
     else:
         print(f"fitted: compute_efficiency {cal.factors.compute_efficiency}, comm_efficiency {cal.factors.comm_efficiency} "
               f"(others as fitted on the DGX-1: memory_passes {cal.factors.memory_passes}, overlap {cal.factors.overlap})")  # fmt: skip
-    print(f"stored in {path}; use it with: deskpod plan predict --machine local")
+    print(f"stored in {path}; use it with: deskpod plan predict --machine local (stack 'local': this box's software)")
     return 0

@@ -1,13 +1,11 @@
-"""The figures the planner is fitted to, and the fit.
+"""The tables the stacks are fitted to, and the fits: one table per stack, each of its own era.
 
-The DGX-1 (P100) training throughputs of ``shared/reference/calibration.md`` §4.2: TensorFlow
-benchmarks, May 2017, FP32, CUDA 8 / cuDNN 5.1, batch 64 (ResNet-50) and 512 (AlexNet) per GPU
-(tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0); and its one CPU baseline
-(§4.4, "CPU baselines"): ResNet-50, 90 epochs of ImageNet in 711 h on a dual Xeon E5-2699 v4
-server (scan.co.uk), about 45 images/s. Everything else the report compares with is a prediction,
-not a fit.
-
-The fit, in four closed steps (each factor from the figures it shows in):
+**tf1-2017** — the DGX-1 (P100) training throughputs of ``shared/reference/calibration.md`` §4.2:
+TensorFlow benchmarks, May 2017, FP32, CUDA 8 / cuDNN 5.1, batch 64 (ResNet-50) and 512 (AlexNet)
+per GPU (tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0); and the one CPU
+baseline (§4.4, "CPU baselines"): ResNet-50, 90 epochs of ImageNet in 711 h on a dual Xeon
+E5-2699 v4 server (scan.co.uk), about 45 images/s. `fit`, in four closed steps (each factor from
+the figures it shows in):
 
 1. ``e_c`` and ``k_m`` from the two 1-GPU synthetic figures: two linear equations in ``1/e_c``
    and ``k_m`` (`predict.compute_time` is linear in both), solved exactly.
@@ -17,6 +15,25 @@ The fit, in four closed steps (each factor from the figures it shows in):
    one-dimensional search, same error.
 4. ``e_cpu`` from the CPU baseline: the step it implies, less the modelled all-reduce between the
    two sockets and the input pipeline, is FLOPs at ``e_cpu`` x peak; solved exactly.
+
+**pytorch-2021** — §4.1b: NVIDIA DeepLearningExamples' PyTorch ResNet-50 v1.5 on the DGX-1 32GB
+(8x V100-SXM2-32GB, the catalog's ``dgx1-v100``), pytorch-21.03 NGC container, FP32 and mixed
+precision (AMP), 1 and 8 GPUs (NVIDIA/DeepLearningExamples
+PyTorch/Classification/ConvNets/resnet50v1.5/README.md @291f0d02). Batch per GPU 112 (FP32) and
+256 (AMP), AMP in channels_last (``configs.yml`` of the same folder, DGX1V; read at a later
+stored commit, 097c7ff9, the file is not stored at 291f0d02 — whose README still says NHWC support for
+mixed precision is being added, so the layout of the 21.03 runs is not certain; the model does not use it); ImageNet through DALI on the CPUs
+(the README's default data backend, dali-cpu). The DGX-1 16GB rows of the same table run on GPUs
+the catalog does not tell apart (same peaks and bandwidth): shown beside the fit, not fitted.
+`fit_pytorch_2021`, in two closed steps:
+
+1. ``e_c`` and ``k_m`` from the two 1-GPU figures (FP32 on CUDA cores at 15.7 TFLOPS, AMP on
+   Tensor Cores at 125, 4 and 2 bytes per activation): two linear equations, solved exactly. One
+   compute efficiency for both units is what makes two figures enough.
+2. ``r`` from the two 8-GPU figures: a one-dimensional search, squared log error (DALI runs ahead
+   of the step, so only a pipeline slower than the GPUs shows: AMP on 8 GPUs).
+
+``overlap`` and ``e_n`` are not fitted (`deskpod.plan.stacks` says why and what they are).
 """
 
 from __future__ import annotations
@@ -25,10 +42,16 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from deskpod.errors import UsageError
 from deskpod.plan.predict import Factors, predict_plan
-from deskpod.plan.workload import IMAGENET_TRAIN_IMAGES, MODELS, Workload
+from deskpod.plan.stacks import PYTORCH_2021, STACKS, TF1_2017
+from deskpod.plan.workload import IMAGENET_TRAIN_IMAGES, MODELS, Precision, Workload
 
 SOURCE = "tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0 (calibration.md 4.2)"
+DLE_SOURCE = (
+    "NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md @291f0d02, "
+    "'Training performance: NVIDIA DGX-1 32GB (8x V100 32GB)', pytorch-21.03 (calibration.md 4.1b)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +63,10 @@ class Point:
     data: str
     images_per_s: float
     batch: int
+    precision: Precision = "fp32"
+    fitted: bool = True
+    """False: a figure of the same table shown beside the fit (same catalog hardware), not fitted to."""
+    label: str = ""
 
 
 BATCH = {"resnet50": 64, "alexnet": 512}
@@ -68,8 +95,33 @@ CPU_POINT = Point("resnet50", 2, "real", IMAGENET_TRAIN_IMAGES * 90 / (CPU_HOURS
 FLOP-only CPU model it moves only the small inter-socket all-reduce)."""
 
 
+DLE_MACHINE = "dgx1-v100"
+_DLE = {  # (system, GPUs): (FP32 batch 112, AMP batch 256), images/s
+    ("DGX-1 32GB", 1): (356, 1156),
+    ("DGX-1 32GB", 8): (2766, 8056),
+    ("DGX-1 16GB", 1): (367, 1200),
+    ("DGX-1 16GB", 8): (2855, 8322),
+}
+_DLE_RUNS: tuple[tuple[Precision, int], ...] = (("fp32", 112), ("fp16", 256))
+"""Precision and batch per GPU of each column (configs.yml, DGX1V: FP32 112, AMP 256)."""
+DLE_POINTS: tuple[Point, ...] = tuple(
+    Point(
+        "resnet50",
+        gpus,
+        "real",
+        float(v),
+        batch,
+        precision,
+        fitted=system == "DGX-1 32GB",
+        label=f"{system} {'AMP' if precision == 'fp16' else 'FP32'}",
+    )
+    for (system, gpus), row in _DLE.items()
+    for (precision, batch), v in zip(_DLE_RUNS, row, strict=True)
+)
+
+
 def predicted(point: Point, factors: Factors, machine: str = MACHINE) -> float:
-    w = Workload(MODELS[point.model], batch=point.batch, precision="fp32", data=point.data)  # type: ignore[arg-type]
+    w = Workload(MODELS[point.model], batch=point.batch, precision=point.precision, data=point.data)  # type: ignore[arg-type]
     return predict_plan(w, machine, 1, devices_per_node=point.gpus, factors=factors).images_per_s
 
 
@@ -126,13 +178,79 @@ def fit() -> Factors:
     return replace(gpu, cpu_compute_efficiency=fit_cpu(gpu))
 
 
+def fit_pytorch_2021() -> Factors:
+    """Fit stack pytorch-2021's factors to the fitted `DLE_POINTS` (see the module docstring); deterministic."""
+    from deskpod.plan.predict import compute_time, machine_facts
+
+    fitted = [p for p in DLE_POINTS if p.fitted]
+    ones = [p for p in fitted if p.gpus == 1]
+    rows = []
+    for p in ones:  # 1. per-sample time t = u * a + k * c, as in `fit`, across the two units instead of two models
+        f = machine_facts(DLE_MACHINE, p.precision)
+        w = Workload(MODELS[p.model], batch=1, precision=p.precision, data="synthetic")
+        a = compute_time(w, f, Factors(compute_efficiency=1.0, memory_passes=0.0))
+        c = compute_time(w, f, Factors(compute_efficiency=1e30, memory_passes=1.0))
+        rows.append((a, c, 1 / p.images_per_s))
+    (a1, c1, t1), (a2, c2, t2) = rows
+    det = a1 * c2 - a2 * c1
+    u = (t1 * c2 - t2 * c1) / det
+    k = (a1 * t2 - a2 * t1) / det
+    unfitted = PYTORCH_2021.factors
+    base = replace(unfitted, compute_efficiency=round(1 / u, 6), memory_passes=round(k, 4))
+    # 2. Input pipeline: images/s per core on a grid, over the 8-GPU figures.
+    multi = [p for p in fitted if p.gpus > 1]
+
+    def loss(rate: int) -> float:
+        cand = replace(base, input_images_per_core=float(rate))
+        return sum(math.log(predicted(p, cand, DLE_MACHINE) / p.images_per_s) ** 2 for p in multi)
+
+    rate = min(range(50, 5001), key=loss)
+    out = replace(base, input_images_per_core=float(rate))
+    for p in ones:  # step 1 assumed the pipeline does not show at 1 GPU; it must not
+        if abs(predicted(p, out, DLE_MACHINE) * (t1 if p.precision == "fp32" else t2) - 1) > 1e-3:
+            raise AssertionError(f"pytorch-2021 fit: the input pipeline shows at 1 GPU ({p.label})")
+    return out
+
+
+FITS = {TF1_2017.name: fit, PYTORCH_2021.name: fit_pytorch_2021}
+
+
+def fit_stack(name: str) -> Factors:
+    """Refit the catalog stack ``name`` to its own table."""
+    if name not in FITS:
+        raise UsageError(f"unknown stack {name!r}; valid: {', '.join(STACKS)}")
+    return FITS[name]()
+
+
 def calibration_table(factors: Factors | None = None) -> list[dict[str, Any]]:
-    """Every calibration figure beside the model's prediction."""
-    factors = factors or Factors()
+    """Every tf1-2017 calibration figure beside the model's prediction."""
+    factors = factors or TF1_2017.factors
     out = []
     for machine, p in [(MACHINE, p) for p in POINTS] + [(CPU_MACHINE, CPU_POINT)]:
         pred = predicted(p, factors, machine)
-        out.append({"machine": machine, "model": p.model, "devices": p.gpus, "data": p.data,
+        out.append({"stack": TF1_2017.name, "machine": machine, "model": p.model, "devices": p.gpus,
+                    "precision": p.precision, "data": p.data, "batch": p.batch, "fitted": True,
                     "published": round(p.images_per_s, 1), "predicted": round(pred, 1),
                     "ratio": round(pred / p.images_per_s, 3)})  # fmt: skip
     return out
+
+
+def pytorch_2021_table(factors: Factors | None = None) -> list[dict[str, Any]]:
+    """Every §4.1b figure beside stack pytorch-2021's prediction (``fitted`` False: shown, not fitted to)."""
+    factors = factors or PYTORCH_2021.factors
+    out = []
+    for p in DLE_POINTS:
+        pred = predicted(p, factors, DLE_MACHINE)
+        out.append({"stack": PYTORCH_2021.name, "machine": DLE_MACHINE, "system": p.label, "model": p.model,
+                    "devices": p.gpus, "precision": p.precision, "data": p.data, "batch": p.batch,
+                    "fitted": p.fitted, "published": round(p.images_per_s, 1), "predicted": round(pred, 1),
+                    "ratio": round(pred / p.images_per_s, 3)})  # fmt: skip
+    return out
+
+
+def stack_table(name: str, factors: Factors | None = None) -> list[dict[str, Any]]:
+    """The table stack ``name`` is fitted to, beside its predictions."""
+    tables = {TF1_2017.name: calibration_table, PYTORCH_2021.name: pytorch_2021_table}
+    if name not in tables:
+        raise UsageError(f"unknown stack {name!r}; valid: {', '.join(STACKS)}")
+    return tables[name](factors)

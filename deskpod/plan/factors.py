@@ -1,7 +1,10 @@
-"""The model's terms: the fitted factors, a machine's facts, and the compute time of one step.
+"""The model's terms: a software stack's factors, a machine's facts, and the compute time of one step.
 
 Apart from `deskpod.plan.predict` (which puts them together into a plan) so that this box's own
-calibration (`deskpod.plan.local`) can use them without importing the planner that reads it.
+calibration (`deskpod.plan.local`) can use them without importing the planner that reads it. The
+factors belong to a software stack (`deskpod.plan.stacks`): each named stack owns one set, fitted
+to one table of its own era; the machine's facts (peak per precision and unit, memory bandwidth,
+links, cores) come from the catalog.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from deskpod.plan.workload import BYTES_PER_ELEMENT, Workload
 
 @dataclass(frozen=True, slots=True)
 class Factors:
-    """The fitted efficiency factors (defaults: `deskpod.plan.calibration.fit` on the DGX-1 P100 figures)."""
+    """A software stack's efficiency factors (defaults: stack ``tf1-2017``, `deskpod.plan.calibration.fit`
+    on the DGX-1 P100 TensorFlow figures; ``deskpod.plan.stacks`` holds every stack's)."""
 
     compute_efficiency: float = 1.822607
     """e_c: achieved FLOP rate / peak, counting direct-convolution FLOPs (above 1: cuDNN's FFT and
@@ -29,6 +33,12 @@ class Factors:
     """r: images/s one CPU core decodes and augments (real data)."""
     cpu_compute_efficiency: float = 0.360457
     """e_cpu: achieved FLOP rate / peak when the devices are CPUs (direct-convolution FLOPs)."""
+    gradient_bytes: int = 0
+    """Bytes per gradient element all-reduced; 0: the precision's own (FP16 training all-reduces FP16).
+    Mixed precision that keeps FP32 parameters (PyTorch native AMP) all-reduces 4."""
+    input_overlap: bool = False
+    """False: decoding adds to the step (``1/real = 1/synthetic + 1/input``, the tf1-2017 fit's shape);
+    True: the pipeline runs ahead of the step (DALI's prefetching) and only what exceeds it shows."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,10 @@ every device, ``bench comm`` all-reduce bus bandwidth at the model's gradient si
 The result is stored in ``DESKPOD_HOME/plan/local.json`` and shown; ``deskpod plan predict
 --machine local`` then uses this box's facts and factors, so its plan for the measured run matches
 the measurement by construction, and other runs (models, batches, precisions) are predictions.
+Those plans are under their own software stack, ``local`` (this box's software as measured, not a
+catalog stack; `deskpod.plan.stacks`): the factors one calibration cannot measure (memory passes, the
+input pipeline) are stack tf1-2017's, and overlap stays 0 because the fit above charges the whole
+modelled all-reduce to the step.
 Model costs are for 224x224 inputs; a calibration at another size scales FLOPs and activations by
 the pixel count (exact for convolutions; the final layers of ResNets do not depend on it).
 """
@@ -102,7 +106,7 @@ def fit_local(m: Measurements, topology: Topology) -> Calibration:
     """Fit comm and compute efficiency to ``m`` (see the module docstring)."""
     if topology.device_count < m.devices:
         raise UsageError(f"calibration measured {m.devices} devices; the topology has {topology.device_count}")
-    base = Factors()
+    base = Factors()  # stack tf1-2017's: what one calibration cannot measure stays as fitted there
     devices = list(range(m.devices))
     ring = build_rings(topology, devices).bandwidth if m.devices > 1 else 0.0
     comm_eff = min(1.0, m.comm_busbw_gbs / ring) if ring else base.comm_efficiency
@@ -125,8 +129,11 @@ def fit_local(m: Measurements, topology: Topology) -> Calibration:
             f"less than the memory term alone ({memory * 1e3:.1f} ms); the measurements are inconsistent, run it again"
         )
     efficiency = round(flops_only / (compute - memory), 6)
-    fitted = {"cpu_compute_efficiency" if m.kind == "cpu" else "compute_efficiency": efficiency}
-    factors = replace(base, comm_efficiency=round(comm_eff, 6), **fitted)
+    factors = replace(base, comm_efficiency=round(comm_eff, 6))
+    if m.kind == "cpu":
+        factors = replace(factors, cpu_compute_efficiency=efficiency)
+    else:
+        factors = replace(factors, compute_efficiency=efficiency)
     return Calibration(m, factors, ring, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 

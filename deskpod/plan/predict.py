@@ -1,5 +1,9 @@
-"""Predict a training run on a catalog machine x N nodes, from first principles and a few fitted factors.
+"""Predict a training run on a catalog machine x N nodes under a software stack, from first principles.
 
+A prediction is (workload, machine, stack). The machine gives the first principles — the peak FLOPS
+for the precision on the unit that runs it (Tensor Cores where the device has them for the
+precision, CUDA cores or FP32 otherwise: `PEAK_FALLBACK`), memory bandwidth, links and NICs, CPU
+cores; the stack (`deskpod.plan.stacks`) gives the few factors fitted to one table of its era.
 Per device and step (``b`` samples of a model with forward FLOPs ``F``, ``A`` activation elements):
 
 * **compute** on a GPU ``= b x (3F / (e_c x peak) + k_m x A x bytes / memory_bandwidth)``: a FLOP
@@ -9,24 +13,22 @@ Per device and step (``b`` samples of a model with forward FLOPs ``F``, ``A`` ac
   carries over (``e_c`` above 1 counts cuDNN's FFT/Winograd savings, ``k_m`` HBM traffic between
   GPU kernels), and the one CPU training figure there is can fit one factor: the FLOP term, the one
   that follows a CPU's cores x clock x vector width from one generation to the next;
-* **communication**: an all-reduce of the gradients (parameters x bytes of the precision) over the
-  node's devices and the nodes, timed by `deskpod.comm.cost` (rings on the machine's topology, the
-  NICs nearest the GPUs across nodes) at a fitted efficiency ``e_n``; the backward pass hides up
-  to ``overlap`` of its time, the rest is **exposed**;
+* **communication**: an all-reduce of the gradients (parameters x the stack's gradient bytes, or
+  the precision's) over the node's devices and the nodes, timed by `deskpod.comm.cost` (rings on the
+  machine's topology, the NICs nearest the GPUs across nodes) at the stack's efficiency ``e_n``; the
+  backward pass hides up to ``overlap`` of its time, the rest is **exposed**;
 * **input pipeline** (``data = real``): decoding ``b x devices`` images on the node's CPU cores at
-  ``r`` images/s per core, not hidden behind the step (the calibration figures fit that shape:
-  ``1/real = 1/synthetic + 1/input``).
+  ``r`` images/s per core; in series with the step (``1/real = 1/synthetic + 1/input``, stack
+  tf1-2017) or running ahead of it, showing only where it is the slower (stack pytorch-2021, DALI).
 
-``step = compute + exposed communication + input``; images/s = ``b x devices x nodes / step``;
+``step = compute + exposed communication + exposed input``; images/s = ``b x devices x nodes / step``;
 scaling efficiency against one device x the device count; time to train = dataset x epochs /
 images/s; energy at the catalog's system power (or device power x count); cost at its list price.
 
-The factors ``e_c, k_m, e_n, overlap, r`` are fitted to the DGX-1 (P100) figures of
-``shared/reference/calibration.md`` only, and ``e_cpu`` to its CPU baseline (ResNet-50, 90 epochs,
-711 h on a dual Xeon E5-2699 v4); `deskpod.plan.calibration.fit` recomputes them and a test checks
-that the defaults below are its output. Nothing else is fitted; no published result is
-looked up. Machine ``local`` is this box as ``deskpod plan calibrate`` measured and fitted it
-(`deskpod.plan.local`); it runs every precision at its measured FP32 matmul rate.
+Every factor is fitted to its stack's table only (`deskpod.plan.calibration`); a test checks that
+each stack's factors are its fit's output. Nothing else is fitted; no published result is looked
+up. Machine ``local`` is this box as ``deskpod plan calibrate`` measured and fitted it, under its
+own stack ``local`` (`deskpod.plan.local`); it runs every precision at its measured FP32 matmul rate.
 """
 
 from __future__ import annotations
@@ -40,9 +42,11 @@ from deskpod.comm.cost import MAX_NODES, Network, predict
 from deskpod.errors import UsageError
 from deskpod.hardware.catalog import Machine, find_machine
 from deskpod.plan.factors import Factors, MachineFacts, compute_time
+from deskpod.plan.stacks import DEFAULT_STACK, LOCAL_STACK, find_stack
 from deskpod.plan.workload import BYTES_PER_ELEMENT, Precision, Workload
 
-__all__ = ["Factors", "MachineFacts", "Plan", "compute_time", "machine_facts", "match_nodes", "predict_plan"]
+__all__ = ["Factors", "MachineFacts", "Plan", "compute_time", "machine_facts", "match_nodes", "predict_plan",
+           "resolve_stack"]  # fmt: skip
 
 PEAK_FALLBACK: dict[Precision, tuple[str, ...]] = {
     "fp32": ("fp32",),
@@ -113,6 +117,8 @@ class Plan:
     """One prediction, with its breakdown (seconds per step unless named otherwise)."""
 
     machine: str
+    stack: str
+    """The software stack whose factors predicted it (`deskpod.plan.stacks`)."""
     nodes: int
     devices_per_node: int
     precision: Precision
@@ -121,6 +127,7 @@ class Plan:
     comm_s: float
     exposed_comm_s: float
     input_s: float
+    """What the input pipeline adds to the step: all of it in series, what exceeds the step when it runs ahead."""
     step_s: float
     images_per_s: float
     single_device_images_per_s: float
@@ -135,6 +142,24 @@ class Plan:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
+def resolve_stack(machine: str, stack: str | None, factors: Factors | None, home: Path | None) -> tuple[str, Factors]:
+    """The stack's name and the factors a prediction uses: the calibration's for machine ``local`` (stack
+    ``local``), else the named stack's (default `DEFAULT_STACK`); explicit ``factors`` replace them."""
+    if machine == "local":
+        if stack not in (None, LOCAL_STACK):
+            raise UsageError(f"machine 'local' is predicted with its own calibration (stack '{LOCAL_STACK}'), not "
+                             f"{stack!r}; drop --stack, or pick a catalog machine for stack {stack!r}")  # fmt: skip
+        if factors is None:
+            from deskpod.plan.local import load
+
+            factors = load(home).factors
+        return LOCAL_STACK, factors
+    s = find_stack(stack or DEFAULT_STACK)
+    if factors is None:
+        return s.name, s.factors
+    return (s.name if stack else "custom"), factors
+
+
 def predict_plan(
     workload: Workload,
     machine: str,
@@ -143,17 +168,16 @@ def predict_plan(
     devices_per_node: int | None = None,
     network: Network | None = None,
     factors: Factors | None = None,
+    stack: str | None = None,
     home: Path | None = None,
 ) -> Plan:
-    """Predict ``workload`` on ``nodes`` x ``machine`` (``devices_per_node`` of its devices each, default all).
+    """Predict ``workload`` on ``nodes`` x ``machine`` (``devices_per_node`` of its devices each, default all)
+    under ``stack`` (default `DEFAULT_STACK`; machine ``local``: its own calibration).
 
+    ``factors`` replaces the stack's (the fits pass candidates; the plan then names ``stack`` or "custom").
     ``home`` is where machine ``local``'s calibration lies (default: ``DESKPOD_HOME``; a pod passes its own).
     """
-    if factors is None and machine == "local":
-        from deskpod.plan.local import load
-
-        factors = load(home).factors
-    factors = factors or Factors()
+    stack_name, factors = resolve_stack(machine, stack, factors, home)
     f = machine_facts(machine, workload.precision, home=home)
     if not 1 <= nodes <= MAX_NODES:
         raise UsageError(f"nodes must be 1..{MAX_NODES}, got {nodes}")
@@ -166,39 +190,45 @@ def predict_plan(
     comm = 0.0
     algorithm = "none"
     if g * nodes > 1:
-        grad_bytes = int(workload.model.params_m * 1e6 * BYTES_PER_ELEMENT[workload.precision])
+        grad_bytes = int(
+            workload.model.params_m * 1e6 * (factors.gradient_bytes or BYTES_PER_ELEMENT[workload.precision])
+        )
         p = predict(f.topology, "all_reduce", grad_bytes, devices=range(g), nodes=nodes, network=network,
                     efficiency=factors.comm_efficiency)  # fmt: skip
         comm, algorithm = p.time_s, p.algorithm
     backward = compute * 2 / 3
     exposed = max(0.0, comm - factors.overlap * backward)
-    input_s = 0.0
+    per_image_input = 0.0
     if workload.data == "real":
-        cores = f.cpu_cores or 32
-        input_s = workload.batch * g / (factors.input_images_per_core * cores)
+        per_image_input = 1 / (factors.input_images_per_core * (f.cpu_cores or 32))
+
+    def input_shown(busy: float, images: int) -> float:
+        decode = images * per_image_input
+        return max(0.0, decode - busy) if factors.input_overlap else decode
+
+    input_s = input_shown(compute + exposed, workload.batch * g)
     step = compute + exposed + input_s
     rate = workload.batch * g * nodes / step
-    single = workload.batch / (compute + (workload.batch / (factors.input_images_per_core * (f.cpu_cores or 32))
-                                          if workload.data == "real" else 0.0))  # fmt: skip
+    single = workload.batch / (compute + input_shown(compute, workload.batch))
     ttt = workload.dataset_images * workload.epochs / rate
     power_kw = f.power_w * nodes / 1000
     return Plan(
-        machine=f.name, nodes=nodes, devices_per_node=g, precision=workload.precision, peak_key=f.peak_key,
-        compute_s=compute, comm_s=comm, exposed_comm_s=exposed, input_s=input_s, step_s=step, images_per_s=rate,
-        single_device_images_per_s=single, scaling_efficiency=rate / (single * g * nodes), time_to_train_s=ttt,
-        energy_kwh=power_kw * ttt / 3600, power_kw=power_kw,
+        machine=f.name, stack=stack_name, nodes=nodes, devices_per_node=g, precision=workload.precision,
+        peak_key=f.peak_key, compute_s=compute, comm_s=comm, exposed_comm_s=exposed, input_s=input_s, step_s=step,
+        images_per_s=rate, single_device_images_per_s=single, scaling_efficiency=rate / (single * g * nodes),
+        time_to_train_s=ttt, energy_kwh=power_kw * ttt / 3600, power_kw=power_kw,
         price_usd=f.price_usd * nodes if f.price_usd is not None else None, comm_algorithm=algorithm,
     )  # fmt: skip
 
 
 def match_nodes(workload: Workload, machine: str, target_images_per_s: float, *, network: Network | None = None,
-                factors: Factors | None = None, limit: int = MAX_NODES) -> int | None:  # fmt: skip
+                factors: Factors | None = None, stack: str | None = None, limit: int = MAX_NODES) -> int | None:  # fmt: skip
     """Fewest nodes of ``machine`` reaching ``target_images_per_s`` (None if even ``limit`` nodes fall short)."""
     if target_images_per_s <= 0:
         raise UsageError(f"target must be positive, got {target_images_per_s}")
 
     def rate(n: int) -> float:
-        return predict_plan(workload, machine, n, network=network, factors=factors).images_per_s
+        return predict_plan(workload, machine, n, network=network, factors=factors, stack=stack).images_per_s
 
     if rate(limit) < target_images_per_s:
         return None

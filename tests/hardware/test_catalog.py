@@ -9,7 +9,7 @@ from deskpod.hardware.catalog import find_machine, machine, machine_names, machi
 from deskpod.hardware.topology import GPU_LINK_MODELS
 
 EXPECTED = {
-    "dgx1-p100": 8, "dgx1-v100": 8, "dgx-station": 4, "dgx-2": 16, "dgx-a100": 8,
+    "dgx1-p100": 8, "dgx1-v100": 8, "dgx-station": 4, "dgx-2": 16, "dgx-a100": 8, "dgx-a100-80gb": 8,
     "dgx-h100": 8, "hgx-h200": 8, "pcie-8gpu": 8, "xeon-e5-2697v3-2s": 2,
     "xeon-e5-2699v4-2s": 2, "digits-devbox": 4, "gce-k80-8": 8,
 }  # fmt: skip

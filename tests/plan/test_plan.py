@@ -1,9 +1,11 @@
-"""The planner: its inputs recomputed, its fit reproduced, its arithmetic, its CLI and bad inputs."""
+"""The planner: its inputs recomputed, the tf1-2017 fit reproduced, its arithmetic, its CLI and bad inputs.
+
+The stacks themselves (pytorch-2021's fit, the stack as an input, the report's labels) are in test_stacks.py.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -11,10 +13,13 @@ import pytest
 from deskpod.cli import main
 from deskpod.errors import UsageError
 from deskpod.hardware.catalog import find_machine
-from deskpod.plan.calibration import CPU_HOURS, CPU_MACHINE, POINTS, calibration_table, fit
+from deskpod.plan.calibration import CPU_HOURS, CPU_MACHINE, POINTS, calibration_table
 from deskpod.plan.predict import Factors, machine_facts, match_nodes, predict_plan
-from deskpod.plan.report import evaluate, markdown
+from deskpod.plan.report import NO_STACK, evaluate, markdown
+from deskpod.plan.stacks import TF1_2017
 from deskpod.plan.workload import MODELS, Workload, find_model
+
+TF = TF1_2017.name
 
 
 @pytest.mark.parametrize("name", ["alexnet", "resnet50"])
@@ -36,10 +41,12 @@ def test_model_costs_are_what_torchvision_computes(name: str) -> None:
     assert sum(acts) / 1e6 == pytest.approx(cost.activations_m, rel=1e-6)
 
 
-def test_defaults_are_the_fit_of_the_calibration_figures() -> None:
-    fitted = fit()
-    for key, value in asdict(Factors()).items():
-        assert asdict(fitted)[key] == pytest.approx(value, rel=1e-4), key
+def test_dataclass_defaults_are_stack_tf1_2017() -> None:
+    # That they are the fit's output is test_stacks.py::test_each_stack_owns_the_fit_of_its_own_table.
+    assert TF1_2017.factors == Factors()
+    assert predict_plan(Workload(MODELS["resnet50"]), "dgx1-p100", factors=Factors()).images_per_s == (
+        predict_plan(Workload(MODELS["resnet50"]), "dgx1-p100", stack=TF).images_per_s
+    )
 
 
 def test_plan_reproduces_its_calibration_figures() -> None:
@@ -55,19 +62,18 @@ def test_plan_reproduces_its_calibration_figures() -> None:
 
 def test_cpus_have_their_own_efficiency() -> None:
     w = Workload(MODELS["resnet50"], batch=64, precision="fp32")
-    hours = predict_plan(w, CPU_MACHINE).time_to_train_s / 3600
-    assert hours == pytest.approx(CPU_HOURS, rel=1e-3)  # the CPU baseline it is fitted to
+    baseline = predict_plan(w, CPU_MACHINE, stack=TF)
+    assert baseline.time_to_train_s / 3600 == pytest.approx(CPU_HOURS, rel=1e-3)  # the CPU baseline it is fitted to
     gpu_changed = Factors(compute_efficiency=0.5, memory_passes=3.0)
-    assert predict_plan(w, CPU_MACHINE, factors=gpu_changed).compute_s == predict_plan(w, CPU_MACHINE).compute_s
+    assert predict_plan(w, CPU_MACHINE, factors=gpu_changed).compute_s == baseline.compute_s
     slower_cpu = Factors(cpu_compute_efficiency=Factors().cpu_compute_efficiency / 2)
-    assert predict_plan(w, CPU_MACHINE, factors=slower_cpu).compute_s == pytest.approx(
-        2 * predict_plan(w, CPU_MACHINE).compute_s
-    )
-    assert predict_plan(w, "dgx1-p100", factors=slower_cpu).compute_s == predict_plan(w, "dgx1-p100").compute_s
+    assert predict_plan(w, CPU_MACHINE, factors=slower_cpu).compute_s == pytest.approx(2 * baseline.compute_s)
+    tf_gpu = predict_plan(w, "dgx1-p100", stack=TF).compute_s
+    assert predict_plan(w, "dgx1-p100", factors=slower_cpu).compute_s == tf_gpu
     # FLOPs only: the CPU time follows peak FLOPS (cores x clock x width), not memory bandwidth.
-    v3 = predict_plan(w, "xeon-e5-2697v3-2s")
+    v3 = predict_plan(w, "xeon-e5-2697v3-2s", stack=TF)
     ratio = machine_facts(CPU_MACHINE, "fp32").peak_tflops / machine_facts("xeon-e5-2697v3-2s", "fp32").peak_tflops
-    assert v3.compute_s / predict_plan(w, CPU_MACHINE).compute_s == pytest.approx(ratio)
+    assert v3.compute_s / baseline.compute_s == pytest.approx(ratio)
 
 
 def test_planner_uses_dense_peaks_and_the_report_reads_sparse_claims() -> None:
@@ -84,10 +90,15 @@ def test_report_counts_only_out_of_sample_rows() -> None:
     fitted = [r for r in rows if r["fitted"]]
     assert [r["claim"] for r in fitted] == ["ResNet-50, 90 epochs: dual Xeon E5-2699 v4 711 h"]
     assert float(fitted[0]["ratio"]) == pytest.approx(1.0, rel=1e-3)
-    scored = [r for r in rows if not r["fitted"]]
-    within = sum(1 for r in scored if abs(float(r["error_pct"])) <= 20)
-    text = markdown(rows, calibration_table())
-    assert f"Within ±20%: {within} of {len(scored)} out-of-sample rows." in text
+    scored = [r for r in rows if not r["fitted"] and r["stack"] != NO_STACK]
+    own = [r for r in scored if not r["marked"]]
+    marked = [r for r in scored if r["marked"]]
+    assert len(own) + len(marked) + 2 + 1 == len(rows)  # two peak claims, one fit row
+    text = markdown(rows, calibration_table(), [], [])
+    within = sum(1 for r in own if abs(float(r["error_pct"])) <= 20)
+    within_marked = sum(1 for r in marked if abs(float(r["error_pct"])) <= 20)
+    assert f"Within ±20%: {within} of {len(own)} rows under their own stack's software, " in text
+    assert f"{within_marked} of {len(marked)} marked rows (other software)" in text
     assert "| fit |" in text
     servers = next(r for r in rows if r["claim"].startswith("more than 250 Xeon servers"))
     ideal = next(r for r in rows if r["claim"].startswith("75x"))
