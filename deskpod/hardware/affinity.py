@@ -28,9 +28,11 @@ ranks share (four per socket on a DGX-1), and how many threads a rank runs is th
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from deskpod.errors import DeviceError, UsageError
@@ -63,6 +65,40 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
             raise UsageError(f"CPU list {text!r}: range {item!r} runs backwards; write it {last}-{first}")
         cores.update(range(first, last + 1))
     return tuple(sorted(cores))
+
+
+NODE_DIR = Path("/sys/devices/system/node")
+"""Where Linux lists the NUMA nodes (``node<N>/cpulist``)."""
+
+
+def numa_nodes(allowed: Iterable[int], node_dir: Path | None = None) -> tuple[tuple[int, ...], ...]:
+    """The cores of ``allowed`` grouped by NUMA node, in node order; nodes without one of them are left out.
+
+    Where the kernel lists no nodes (not Linux, some containers) every allowed core is one node, and a
+    core no node lists joins the first group: nothing allowed is dropped.
+    """
+    cores = set(allowed)
+    nodes: list[tuple[int, tuple[int, ...]]] = []
+    with contextlib.suppress(OSError):
+        for entry in (node_dir or NODE_DIR).iterdir():
+            m = re.fullmatch(r"node(\d+)", entry.name)
+            if not m:
+                continue
+            try:
+                text = (entry / "cpulist").read_text().strip()
+            except OSError:
+                continue
+            mine = tuple(c for c in parse_cpu_list(text) if c in cores) if text else ()
+            if mine:
+                nodes.append((int(m.group(1)), mine))
+    groups = [g for _, g in sorted(nodes)]
+    listed = {c for g in groups for c in g}
+    rest = tuple(sorted(cores - listed))
+    if not groups:
+        return (rest,) if rest else ()
+    if rest:
+        groups[0] = tuple(sorted((*groups[0], *rest)))
+    return tuple(groups)
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:

@@ -4,7 +4,13 @@ For each device count it runs deskpod's own trainer (the launcher and DDP loop `
 uses) on synthetic data for ``warmup + steps`` optimizer steps, timing only the last ``steps``;
 then, in the same run, ``benchmarks/ddp_reference.py`` under torchrun with the same model, input
 shape, batch, precision and devices. The table gives images/s, per device, scaling efficiency
-against one device, and deskpod/reference. ``--repeats`` alternates the two and keeps the median.
+and deskpod/reference. ``--repeats`` alternates the two and keeps the median.
+
+Scaling compares equal hardware. On GPUs a row of N devices is set against N times one device's
+rate. On CPUs every row uses all the cores, N workers sharing them as threads, so a row is set
+against one worker with the same cores (its rate, not N times it), and the row of ``deskpod train``'s
+own layout for ``--devices all`` (`deskpod.hardware.devices.cpu_layout`) is marked: the table
+measures that layout against every other, the old one-worker-per-core default included.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from typing import Any
 
 import deskpod
 from deskpod.errors import ConfigError, RunError
-from deskpod.hardware.devices import discover
+from deskpod.hardware.affinity import numa_nodes
+from deskpod.hardware.devices import cpu_layout, discover
 from deskpod.train.data import parse_shape
 from deskpod.train.launcher import launch, prepare
 
@@ -95,6 +102,7 @@ def run_bench(req: BenchRequest, log: Callable[[str], None] | None = None) -> di
         )
     inv = discover()
     largest = len(inv.select(req.devices))
+    default_workers = len(cpu_layout(inv, numa_nodes(os.sched_getaffinity(0))).devices) if inv.kind == "cpu" else 0
     use_ref = req.reference and REFERENCE.exists() and req.model in REFERENCE_MODELS
     note = None
     if req.reference and not use_ref:
@@ -127,10 +135,13 @@ def run_bench(req: BenchRequest, log: Callable[[str], None] | None = None) -> di
                 "reference_samples": refs,
                 "precision": precision,
                 "threads_per_worker": threads,
+                "default_layout": n == default_workers,
             })  # fmt: skip
-    base = rows[0]["per_device"]
+    # CPUs: every row has all the cores, so the same cores as one worker are the yardstick.
+    key = "images_per_s" if inv.kind == "cpu" else "per_device"
+    base = rows[0][key]
     for row in rows:
-        row["scaling_efficiency"] = row["per_device"] / base if base else None
+        row["scaling_efficiency"] = row[key] / base if base else None
         ref = row["reference_images_per_s"]
         row["vs_reference"] = row["images_per_s"] / ref if ref else None
     return {"request": asdict(req), "device_kind": inv.kind, "device_name": inv.devices[0].name, "cores": inv.cores,
@@ -141,16 +152,26 @@ def format_table(result: dict[str, Any]) -> str:
     req = result["request"]
     head = (f"deskpod bench train: {req['model']} on {req['data']}, batch {req['batch_size']} per device, "
             f"{req['steps']} timed steps after {req['warmup']} warm-up, {result['device_kind']} ({result['device_name']})")  # fmt: skip
+    cpu = result["device_kind"] == "cpu"
     lines = [
         head,
         "",
-        f"{'devices':>7}  {'img/s':>10}  {'per device':>10}  {'scaling':>7}  {'reference':>10}  {'deskpod/ref':>11}",
+        f"{'devices':>7}  {'layout':>13}  {'img/s':>10}  {'per device':>10}  {'scaling':>7}  {'reference':>10}  "
+        f"{'deskpod/ref':>11}",
     ]
     for r in result["rows"]:
         ref = f"{r['reference_images_per_s']:10,.1f}" if r["reference_images_per_s"] else f"{'—':>10}"
         ratio = f"{r['vs_reference']:11.3f}" if r["vs_reference"] else f"{'—':>11}"
-        lines.append(f"{r['devices']:>7}  {r['images_per_s']:10,.1f}  {r['per_device']:10,.1f}  "
+        t = r["threads_per_worker"]
+        layout = (f"{r['devices']}×{t} thread{'s' if t != 1 else ''}" + ("*" if r.get("default_layout") else "")
+                  if cpu else f"{r['devices']} GPU{'s' if r['devices'] != 1 else ''}")  # fmt: skip
+        lines.append(f"{r['devices']:>7}  {layout:>13}  {r['images_per_s']:10,.1f}  {r['per_device']:10,.1f}  "
                      f"{100 * r['scaling_efficiency']:6.1f}%  {ref}  {ratio}")  # fmt: skip
+    if cpu:
+        lines.append(
+            f"CPU rows share all {result['cores']} cores (workers × threads); scaling is img/s against 1 worker with "
+            "the same cores. * deskpod train's layout for --devices all (one worker per NUMA node)."
+        )
     if result.get("note"):
         lines.append(result["note"])
     return "\n".join(lines)

@@ -64,7 +64,8 @@ class TrainConfig:
     devices: str = "all"
     """``all``, a count ``N``, or indices ``0,2,3`` among this machine's GPUs (or CPU worker slots)."""
     cpu_workers: int = 0
-    """CPU worker processes on a machine without GPUs; 0 means one per core and at least 2."""
+    """CPU worker processes on a machine without GPUs; 0 means deskpod's layout for ``devices: all``
+    (one worker per NUMA node, its cores as threads) and ``devices`` workers for a count or list."""
 
     # --- how long
     epochs: int = 3
@@ -156,7 +157,7 @@ class TrainConfig:
         need(self.warmup_epochs >= 0, "warmup_epochs", self.warmup_epochs, "a number ≥ 0")
         need(0 <= self.label_smoothing < 1, "label_smoothing", self.label_smoothing, "a number in [0, 1)")
         need(self.grad_clip >= 0, "grad_clip", self.grad_clip, "0 (off) or a positive number")
-        need(self.cpu_workers >= 0, "cpu_workers", self.cpu_workers, "0 (one per core) or a count ≥ 1")
+        need(self.cpu_workers >= 0, "cpu_workers", self.cpu_workers, "0 (one per NUMA node) or a count ≥ 1")
         need(self.num_classes >= 2, "num_classes", self.num_classes, "a whole number ≥ 2")
         need(self.synthetic_samples >= 1, "synthetic_samples", self.synthetic_samples, "a whole number ≥ 1")
         need(0 < self.val_fraction < 1, "val_fraction", self.val_fraction, "a number in (0, 1)")

@@ -33,7 +33,8 @@ from typing import Any
 
 from deskpod.environment import Environment
 from deskpod.errors import CheckpointError, ConfigError, DataError, DeskpodError, UsageError, WorkerError
-from deskpod.hardware.devices import Device, Inventory, cpu_slots, discover
+from deskpod.hardware.affinity import format_cpu_list, numa_nodes
+from deskpod.hardware.devices import Device, Inventory, cpu_layout, cpu_slots, discover
 from deskpod.processes import child_pids
 from deskpod.train import checkpoint as ckpt
 from deskpod.train.config import TrainConfig, build_config, write_config
@@ -63,17 +64,29 @@ class Plan:
     resume: bool
     world: NodeWorld | None = None
     """The nodes of a multi-node run (``--nodes``, from Slurm's environment); None on one box."""
+    cpu_pins: tuple[tuple[int, ...], ...] = ()
+    """CPU workers: the cores each local rank is pinned to (one NUMA node each); empty when unpinned."""
 
     @property
     def world_size(self) -> int:
         return len(self.devices) * (self.world.nodes if self.world else 1)
 
 
-def _resolve_devices(cfg: TrainConfig, inventory: Inventory | None, env: Environment) -> tuple[str, tuple[Device, ...]]:
+def _resolve_devices(
+    cfg: TrainConfig, inventory: Inventory | None, env: Environment
+) -> tuple[str, tuple[Device, ...], tuple[tuple[int, ...], ...]]:
+    """The devices of the run, and on CPUs the cores to pin each worker to (empty: unpinned).
+
+    On CPUs ``--devices all`` is `cpu_layout`'s (one worker per NUMA node, its cores as threads); a
+    count, a list or ``cpu_workers`` asks for that many workers sharing the cores.
+    """
     inv = inventory or discover(env)
     if inv.kind == "cpu" and cfg.cpu_workers:
         inv = Inventory("cpu", cpu_slots(env, cfg.cpu_workers), inv.cores, "cpu")
-    return inv.kind, inv.select(cfg.devices)
+    elif inv.kind == "cpu" and cfg.devices.strip().lower() in ("all", ""):
+        layout = cpu_layout(inv, numa_nodes(os.sched_getaffinity(0)), pin=env.cpu_slots is None)
+        return "cpu", layout.devices, layout.cores
+    return inv.kind, inv.select(cfg.devices), ()
 
 
 def find_latest_run(out: Path) -> Path | None:
@@ -120,7 +133,7 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
                 "or choose another --name"
             )
         cfg = build_config(None, {**cfg.to_dict(), "name": name})
-    kind, devices = _resolve_devices(cfg, inventory, env)
+    kind, devices, cpu_pins = _resolve_devices(cfg, inventory, env)
     nodes_txt = f" on {nodes} nodes" if nodes > 1 else ""
     req = DataRequest(cfg.data, cfg.num_classes, cfg.synthetic_samples, cfg.image_size, cfg.val_fraction, cfg.seed,
                       cfg.loader_workers)  # fmt: skip
@@ -145,7 +158,7 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
     if cfg.sync_batchnorm and kind != "cuda":
         raise ConfigError("sync_batchnorm = true needs GPUs (PyTorch's SyncBatchNorm runs only on CUDA devices)")
     _check_model(cfg, data, run_dir if resume else None, task)
-    return Plan(cfg, run_dir, devices, kind, data, per_device, resume, world)
+    return Plan(cfg, run_dir, devices, kind, data, per_device, resume, world, cpu_pins)
 
 
 def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None, task: Task | None) -> None:
@@ -222,9 +235,17 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _affinity(plan: Plan) -> dict[str, dict[str, Any]]:
     """Per local rank: the NIC nearest its GPU (``NCCL_IB_HCA``, ``UCX_NET_DEVICES``) and its CPU cores,
-    from this box's topology; empty on CPU workers and where the topology knows no NICs."""
+    from this box's topology; for CPU workers their NUMA node's cores when the layout pins them. Empty
+    for unpinned CPU workers and where the topology knows no NICs."""
     if plan.kind != "cuda":
-        return {}
+        return {
+            str(rank): {
+                "env": {},
+                "cpus": list(cores),
+                "reason": f"local rank {rank}: NUMA node cores {format_cpu_list(cores)}",
+            }
+            for rank, cores in enumerate(plan.cpu_pins)
+        }
     from deskpod.hardware.affinity import node_affinity
     from deskpod.hardware.placement import local_topology
 

@@ -330,7 +330,7 @@ def test_a_users_training_runs_in_the_sandbox_on_two_workers(tmp_path: Path, use
     try:
         pod = pods("--socket", str(run_dir / "pod.sock"), sandbox=True)  # this box's own CPU slots, not a DGX-1's
         train = {"model": "mlp", "data": "synthetic:1x16x16", "synthetic_samples": 256, "steps": 4,
-                 "global_batch_size": 16}  # fmt: skip
+                 "global_batch_size": 16, "cpu_workers": 2}  # fmt: skip
         spec = {"train": train, "devices": 2, "name": "sandboxed-run"}
         job = as_user(ann, on_socket(pod, lambda c: c.submit(spec)))
         admin = pod.client()

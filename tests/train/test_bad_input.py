@@ -27,7 +27,7 @@ def one_line_error(err: str) -> str:
         (["--devices", "0,5"], "no device 5"),
         (["--batch-size", "0"], "batch_size = 0 is not valid"),
         (
-            ["--data", "synthetic:3x64x64", "--model", "alexnet", "--batch-size", "40000"],
+            ["--data", "synthetic:3x64x64", "--model", "alexnet", "--batch-size", "40000", "--devices", "2"],
             "more than the 50000 training samples",
         ),
         (["--model", "alexnet"], "needs images of at least 63×63"),
@@ -45,7 +45,7 @@ def test_unknown_config_key_and_batch_that_does_not_divide(tmp_path: Path) -> No
     r = run_deskpod("train", "--config", str(cfg), "--out", str(tmp_path))
     assert r.code == 2 and "unknown config key 'modle' (did you mean 'model'?)" in one_line_error(r.err)
     cfg.write_text("global_batch_size = 101\ndata = 'synthetic:1x8x8'\nmodel = 'mlp'\n")
-    r = run_deskpod("train", "--config", str(cfg), "--out", str(tmp_path))
+    r = run_deskpod("train", "--config", str(cfg), "--devices", "2", "--out", str(tmp_path))
     assert r.code == 2 and "global_batch_size 101 does not divide by 2 devices" in one_line_error(r.err)
 
 

@@ -1,15 +1,17 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from deskpod.environment import Environment
 from deskpod.errors import DeviceError
-from deskpod.hardware.devices import cpu_slots, discover, discover_gpus, parse_device_spec
+from deskpod.hardware.affinity import numa_nodes
+from deskpod.hardware.devices import cpu_layout, cpu_slots, discover, discover_gpus, parse_device_spec
 
 
 def env(cores: int = 2, cvd: tuple[str, ...] | None = None) -> Environment:
-    from pathlib import Path
-
     return Environment(home=Path("/tmp"), cuda_visible_devices=cvd, cpu_count=cores, fashion_mnist_dir=Path("/x"))
 
 
@@ -79,3 +81,76 @@ def test_pod_cpu_slots_limit_the_inventory() -> None:
         assert len(inv.devices) == 2 and inv.cores == 2 and [d.threads for d in inv.select("all")] == [1, 1]
         with pytest.raises(DeviceError, match="DESKPOD_CPU_SLOTS names slot 7"):
             discover(replace(env(cores=4), cpu_slots=(7,)), use_nvml=False)
+
+
+def _sysfs(root: Path, nodes: dict[int, str]) -> Path:
+    """A NUMA node folder as Linux writes it (``node<N>/cpulist``, beside files that are not nodes)."""
+    for n, cpulist in nodes.items():
+        (root / f"node{n}").mkdir(parents=True)
+        (root / f"node{n}" / "cpulist").write_text(cpulist + "\n")
+    (root / "online").write_text(",".join(str(n) for n in nodes) + "\n")
+    return root
+
+
+def test_numa_nodes_group_the_allowed_cores(tmp_path: Path) -> None:
+    # The DGX-1's two sockets (its topo -m CPU Affinity column: 0-19,40-59 and 20-39,60-79).
+    dgx = _sysfs(tmp_path / "dgx", {1: "20-39,60-79", 0: "0-19,40-59"})
+    groups = numa_nodes(range(80), dgx)
+    assert [len(g) for g in groups] == [40, 40] and groups[0][:2] == (0, 1) and 60 in groups[1]
+    # A process allowed a few cores of each socket sees only those; a node with none of them is left out.
+    assert numa_nodes({3, 22, 41}, dgx) == ((3, 41), (22,))
+    assert numa_nodes({5, 6}, dgx) == ((5, 6),)
+    # No nodes listed (a container without sysfs): every allowed core is one node; none is ever dropped.
+    assert numa_nodes({0, 1}, tmp_path / "missing") == ((0, 1),)
+    assert numa_nodes({0, 1, 90}, dgx) == ((0, 1, 90),)
+
+
+def test_cpu_layout_is_one_worker_per_numa_node() -> None:
+    inv = discover(env(cores=8), use_nvml=False)
+    if inv.kind != "cpu":
+        pytest.skip("a GPU is visible: the CPU layout is not what --devices all means here")
+    one = cpu_layout(inv, [tuple(range(8))])
+    assert [d.threads for d in one.devices] == [8] and one.cores == ()
+    assert "1 worker of 8 threads" in one.reason
+    two = cpu_layout(inv, [(0, 1, 2, 3), (4, 5, 6, 7)])
+    assert [d.threads for d in two.devices] == [4, 4] and two.cores == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert sum(d.memory_bytes for d in two.devices) <= sum(d.memory_bytes for d in inv.devices)
+    # Cores the pod service shares out without naming them: the same workers, unpinned.
+    assert cpu_layout(inv, [(0, 1, 2, 3), (4, 5, 6, 7)], pin=False).cores == ()
+    # Never more workers than the job has slots.
+    from dataclasses import replace
+
+    single = discover(replace(env(cores=8), cpu_slots=(5,)), use_nvml=False)
+    got = cpu_layout(single, [(0, 1, 2, 3), (4, 5, 6, 7)])
+    assert [d.threads for d in got.devices] == [1] and got.cores == ()
+
+
+def test_devices_all_on_cpus_trains_one_worker_per_numa_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from deskpod.hardware import affinity
+    from deskpod.train import launcher
+
+    cores = sorted(os.sched_getaffinity(0))
+    inv = discover(env(cores=len(cores)), use_nvml=False)
+    if inv.kind != "cpu":
+        pytest.skip("a GPU is visible: the CPU layout is not what --devices all means here")
+    base = {"model": "mlp", "data": "synthetic:1x8x8", "steps": 1, "out": str(tmp_path)}
+
+    plan = launcher.prepare(None, {**base, "name": "one"}, resume=False, inventory=inv, env=env(len(cores)))
+    assert len(plan.devices) == len(numa_nodes(cores)) and plan.cpu_pins == ()
+
+    half = len(cores) // 2 or 1
+    nodes = {0: ",".join(map(str, cores[:half])), 1: ",".join(map(str, cores[half:]))} if len(cores) > 1 else {0: "0"}
+    monkeypatch.setattr(affinity, "NODE_DIR", _sysfs(tmp_path / "sys", nodes))
+    plan = launcher.prepare(None, {**base, "name": "two"}, resume=False, inventory=inv, env=env(len(cores)))
+    if len(cores) > 1:
+        assert [d.threads for d in plan.devices] == [len(cores) // 2] * 2
+        assert plan.cpu_pins == (tuple(cores[:half]), tuple(cores[half:]))
+        launcher._write_run_folder(plan, "quiet", None)
+        written = json.loads((plan.run_dir / "launch.json").read_text())["affinity"]
+        assert [written[r]["cpus"] for r in ("0", "1")] == [cores[:half], cores[half:]]
+    # Asked for explicitly, the count wins over the layout: the distributed paths on any box.
+    plan = launcher.prepare(None, {**base, "name": "n", "devices": "2"}, resume=False, inventory=inv,
+                            env=env(len(cores)))  # fmt: skip
+    assert len(plan.devices) == 2 and plan.cpu_pins == ()

@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.slow, needs_fashion_mnist]
 
 def config(tmp_path: Path, **keys: object) -> Path:
     base: dict[str, object] = {
+        "devices": "2",  # named: `all` on a CPU box is one worker per NUMA node, and these test the multi-process paths
         "batch_size": 32,
         "log_every_steps": 5,
         "checkpoint_every_minutes": 0.0,
@@ -32,8 +33,8 @@ def config(tmp_path: Path, **keys: object) -> Path:
 
 
 def test_quick_start_two_workers_converge(tmp_path: Path) -> None:
-    """`deskpod train` with the demo's defaults (shortened): 2 CPU workers learn Fashion-MNIST."""
-    r = run_deskpod("train", "--steps", "60", "--out", str(tmp_path), "--name", "demo")
+    """`deskpod train` with the demo's defaults (shortened) on 2 CPU workers: they learn Fashion-MNIST."""
+    r = run_deskpod("train", "--steps", "60", "--devices", "2", "--out", str(tmp_path), "--name", "demo")
     assert r.code == 0, r.err
     run = tmp_path / "demo"
     s = r.summary(run)
