@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 from collections.abc import Iterable
 from multiprocessing.process import BaseProcess
@@ -36,3 +38,17 @@ def child_pids(pid: int) -> list[int]:
         except OSError:
             continue
     return sorted(set(out))
+
+
+def die_with_parent() -> None:
+    """This process never outlives its parent: if the parent is SIGKILLed (a lost node, an OOM kill), the
+    kernel kills this one too (``PR_SET_PDEATHSIG``), instead of leaving it running alone, as an orphan.
+    Training workers call it first thing."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() == 1:  # the parent died before the call took effect
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -19,6 +19,7 @@ from deskpod.errors import DeskpodError, WorkerError
 # Modules that add subcommands, in the order `deskpod --help` lists them.
 COMMAND_MODULES = (
     "deskpod.cli.train",
+    "deskpod.cli.run",
     "deskpod.cli.bench",
     "deskpod.cli.devices",
     "deskpod.cli.export",

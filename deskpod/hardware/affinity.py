@@ -29,8 +29,9 @@ ranks share (four per socket on a DGX-1), and how many threads a rank runs is th
 from __future__ import annotations
 
 import contextlib
+import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,3 +250,17 @@ def _rank(
         env=nic_env(nic) if nic is not None else {},
         reason=f"local rank {rank}: {info.label}, {nic_text}, {cpu_text}{numa_text}",
     )
+
+
+def pin_rank(affinity: Mapping[str, Any] | None) -> None:
+    """Apply one local rank's entry of the launcher's affinity map to this process, before NCCL starts: its
+    NIC's variables (``NCCL_IB_HCA``, ``UCX_NET_DEVICES``; a variable the user set already wins) and its CPU
+    cores (those this process may not use are left out)."""
+    if not affinity:
+        return
+    for key, value in dict(affinity.get("env") or {}).items():
+        os.environ.setdefault(str(key), str(value))
+    allowed = os.sched_getaffinity(0)
+    cpus = {int(c) for c in affinity.get("cpus") or ()} & allowed
+    if cpus:
+        os.sched_setaffinity(0, cpus)

@@ -281,8 +281,12 @@ class Pod:
         return self.config.home / "jobs" / str(job.id)
 
     def run_dir(self, job: JobRecord) -> Path | None:
-        """The run folder a train job writes (``runs/<name>/`` in its job folder); None for other kinds."""
-        return self.job_folder(job) / "runs" / job.spec.name if job.spec.train is not None else None
+        """The run folder a train job writes (``runs/<name>/`` in its job folder), or a command job that made
+        one there (``deskpod run`` does, from ``DESKPOD_JOB_DIR``); None otherwise."""
+        folder = self.job_folder(job) / "runs" / job.spec.name
+        if job.spec.train is not None or (job.spec.serve is None and (folder / "run.json").is_file()):
+            return folder
+        return None
 
     def _watch(self, job: JobRecord, now: float) -> None:
         pid = job.pid
@@ -495,7 +499,8 @@ class Pod:
         env = dict(os.environ)
         env.update(job.spec.env)
         listed = ",".join(map(str, devices))
-        env.update({"DESKPOD_JOB_ID": str(job.id), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        env.update({"DESKPOD_JOB_ID": str(job.id), "DESKPOD_JOB_DIR": str(self.job_folder(job)),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})  # fmt: skip
         if self.device_kind == "cuda":
             vis = self._visible
             env["CUDA_VISIBLE_DEVICES"] = listed if vis is None else ",".join(vis[d] for d in devices if d < len(vis))

@@ -59,7 +59,9 @@ from deskpod.errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "DESKPOD_CPU_SLOTS", "MASTER_ADDR", "MASTER_PORT", "DESKPOD_JOB_ID"})
+RESERVED_ENV = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "DESKPOD_CPU_SLOTS", "MASTER_ADDR", "MASTER_PORT", "DESKPOD_JOB_ID", "DESKPOD_JOB_DIR"}
+)
 """Set by the pod service for each job; a spec may not override them."""
 
 MAX_DEVICES = 1024

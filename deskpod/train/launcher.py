@@ -27,6 +27,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -75,18 +76,26 @@ class Plan:
 def _resolve_devices(
     cfg: TrainConfig, inventory: Inventory | None, env: Environment
 ) -> tuple[str, tuple[Device, ...], tuple[tuple[int, ...], ...]]:
-    """The devices of the run, and on CPUs the cores to pin each worker to (empty: unpinned).
+    return resolve_devices(cfg.devices, cpu_workers=cfg.cpu_workers, inventory=inventory, env=env)
+
+
+def resolve_devices(
+    devices: str, *, cpu_workers: int = 0, inventory: Inventory | None = None, env: Environment | None = None
+) -> tuple[str, tuple[Device, ...], tuple[tuple[int, ...], ...]]:
+    """The kind and devices of a run, and on CPUs the cores to pin each worker to (empty: unpinned).
 
     On CPUs ``--devices all`` is `cpu_layout`'s (one worker per NUMA node, its cores as threads); a
-    count, a list or ``cpu_workers`` asks for that many workers sharing the cores.
+    count, a list or ``cpu_workers`` asks for that many workers sharing the cores. ``deskpod run``
+    lays out a user's script the same way.
     """
+    env = env or Environment.read()
     inv = inventory or discover(env)
-    if inv.kind == "cpu" and cfg.cpu_workers:
-        inv = Inventory("cpu", cpu_slots(env, cfg.cpu_workers), inv.cores, "cpu")
-    elif inv.kind == "cpu" and cfg.devices.strip().lower() in ("all", ""):
+    if inv.kind == "cpu" and cpu_workers:
+        inv = Inventory("cpu", cpu_slots(env, cpu_workers), inv.cores, "cpu")
+    elif inv.kind == "cpu" and devices.strip().lower() in ("all", ""):
         layout = cpu_layout(inv, numa_nodes(os.sched_getaffinity(0)), pin=env.cpu_slots is None)
         return "cpu", layout.devices, layout.cores
-    return inv.kind, inv.select(cfg.devices), ()
+    return inv.kind, inv.select(devices), ()
 
 
 def find_latest_run(out: Path) -> Path | None:
@@ -181,16 +190,22 @@ def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None, tas
 
 
 def _worker_env(plan: Plan) -> dict[str, str]:
+    return worker_env(plan.kind, plan.devices)
+
+
+def worker_env(kind: str, devices: Sequence[Device]) -> dict[str, str]:
+    """What the launcher puts in its environment for the workers it starts: the threads of a CPU worker, the
+    GPUs they may see."""
     # With the agent's rendezvous TCPStore shared across restarts, workers of a restarted group read the
     # dead group's Gloo addresses (same keys, no per-attempt prefix) and fail to connect. Unshared, rank 0
     # of each attempt hosts a fresh store on a free port.
     env: dict[str, str] = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    if plan.kind == "cpu":
-        threads = str(plan.devices[0].threads)
+    if kind == "cpu":
+        threads = str(devices[0].threads)
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, CUDA_VISIBLE_DEVICES="")
     else:
         visible = Environment.read().cuda_visible_devices
-        ids = [visible[d.index] if visible else str(d.index) for d in plan.devices]
+        ids = [visible[d.index] if visible else str(d.index) for d in devices]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     return env
@@ -234,33 +249,42 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _affinity(plan: Plan) -> dict[str, dict[str, Any]]:
+    return rank_affinity_map(plan.kind, plan.devices, plan.cpu_pins)
+
+
+def rank_affinity_map(
+    kind: str, devices: Sequence[Device], cpu_pins: Sequence[Sequence[int]] = ()
+) -> dict[str, dict[str, Any]]:
     """Per local rank: the NIC nearest its GPU (``NCCL_IB_HCA``, ``UCX_NET_DEVICES``) and its CPU cores,
     from this box's topology; for CPU workers their NUMA node's cores when the layout pins them. Empty
-    for unpinned CPU workers and where the topology knows no NICs."""
-    if plan.kind != "cuda":
+    for unpinned CPU workers and where the topology knows no NICs. A worker applies its entry with
+    `deskpod.hardware.affinity.pin_rank`."""
+    if kind != "cuda":
         return {
             str(rank): {
                 "env": {},
                 "cpus": list(cores),
                 "reason": f"local rank {rank}: NUMA node cores {format_cpu_list(cores)}",
             }
-            for rank, cores in enumerate(plan.cpu_pins)
+            for rank, cores in enumerate(cpu_pins)
         }
     from deskpod.hardware.affinity import node_affinity
     from deskpod.hardware.placement import local_topology
 
     try:
         topo = local_topology()
-        ranks = node_affinity(topo, [d.index for d in plan.devices])
+        ranks = node_affinity(topo, [d.index for d in devices])
     except DeskpodError:  # no topology this box can describe: the workers run unpinned
         return {}
     return {str(r.local_rank): {"env": r.env, "cpus": list(r.cpus), "reason": r.reason} for r in ranks}
 
 
-def _quiet_torchelastic() -> None:
+def quiet_torchelastic() -> None:
     # The agent logs every rendezvous and restart at INFO/WARNING; deskpod reports what matters itself.
     for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # "failed (exitcode: 1) local_rank: 1 ..." for every failed attempt: the launcher names the first failure itself
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
 
 
 def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = None) -> dict[str, Any]:
@@ -286,7 +310,7 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     )
     progress.event("launch", run_dir=str(plan.run_dir), devices=[d.label for d in plan.devices],
                    text=f"deskpod: {what} → {plan.run_dir}")  # fmt: skip
-    _quiet_torchelastic()
+    quiet_torchelastic()
     saved_env = {k: os.environ.get(k) for k in _worker_env(plan)}
     os.environ.update(_worker_env(plan))
     world = plan.world

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +23,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from deskpod.errors import UsageError
+from deskpod.hardware.affinity import pin_rank
+from deskpod.processes import die_with_parent
 from deskpod.train.runs import RunPaths, read_json
 
 
@@ -47,32 +48,6 @@ def _stderr_to_log(folder: Path, rank: int) -> None:
     os.dup2(log.fileno(), 2)
 
 
-def _die_with_parent() -> None:
-    """A worker never outlives its launcher: if the launcher is SIGKILLed (a lost node, an OOM kill), the
-    kernel kills this worker too (``PR_SET_PDEATHSIG``), instead of leaving it training alone, as an orphan."""
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
-    if os.getppid() == 1:  # the launcher died before the call took effect
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _pin(affinity: dict[str, object] | None) -> None:
-    """This rank's NIC (``NCCL_IB_HCA``, ``UCX_NET_DEVICES``) and CPU cores, before NCCL starts; a variable the
-    user set already wins, and cores this process may not use are left out."""
-    if not affinity:
-        return
-    for key, value in dict(affinity.get("env") or {}).items():  # type: ignore[call-overload]
-        os.environ.setdefault(str(key), str(value))
-    allowed = os.sched_getaffinity(0)
-    cpus = {int(c) for c in affinity.get("cpus") or ()} & allowed  # type: ignore[attr-defined]
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
 @record
 def main(argv: list[str] | None = None) -> int:
     from deskpod.train.trainer import StopFlag, Trainer
@@ -82,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(run_dir)
     stop = StopFlag()
     stop.install()
-    _die_with_parent()
+    die_with_parent()
     launch = read_json(paths.launch)
     local_rank = int(os.environ["LOCAL_RANK"])
     rank = int(os.environ["RANK"])
@@ -90,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     pid_dir.mkdir(exist_ok=True)
     (pid_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     _stderr_to_log(run_dir / "logs", rank)
-    _pin(launch.get("affinity", {}).get(str(local_rank)))
+    pin_rank(launch.get("affinity", {}).get(str(local_rank)))
     if launch["kind"] == "cuda":
         torch.cuda.set_device(local_rank)
         backend = "nccl"

@@ -249,8 +249,8 @@ def test_a_worker_pins_itself_before_nccl_starts(tmp_path: Path) -> None:
     import sys
 
     code = (
-        "import os; from deskpod.train.worker import _pin; "
-        "_pin({'env': {'NCCL_IB_HCA': '=mlx5_3', 'UCX_NET_DEVICES': 'mlx5_3:1'}, 'cpus': [0, 999]}); "
+        "import os; from deskpod.hardware.affinity import pin_rank; "
+        "pin_rank({'env': {'NCCL_IB_HCA': '=mlx5_3', 'UCX_NET_DEVICES': 'mlx5_3:1'}, 'cpus': [0, 999]}); "
         "print(os.environ['NCCL_IB_HCA'], os.environ['UCX_NET_DEVICES'], sorted(os.sched_getaffinity(0)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

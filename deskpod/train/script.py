@@ -1,0 +1,344 @@
+"""The launcher of ``deskpod run``: a user's script, once per device, through PyTorch's elastic agent.
+
+It is ``deskpod train``'s launcher with the user's script in place of deskpod's loop:
+
+* **devices** as ``deskpod train`` lays them out (`deskpod.train.launcher.resolve_devices`): every GPU,
+  or on a CPU box one worker per NUMA node with its cores as threads (``--devices N`` for N workers);
+  each local rank gets its NIC and cores (`deskpod.hardware.affinity`), CPU workers their threads;
+* **the environment a torchrun script expects**: the agent sets ``RANK``, ``LOCAL_RANK``,
+  ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (a free port it picks) and
+  ``TORCHELASTIC_RESTART_COUNT``; the rendezvous is on 127.0.0.1 port 0, so two runs on one box
+  never collide; ``DESKPOD_RUN_DIR`` names the run folder;
+* **restarts**: a rank that fails stops the group, which is started again up to ``max_restarts``
+  times (a script that saves and loads its own checkpoint resumes);
+* **output**: each rank's stdout and stderr go to ``runs/<name>/logs/rank<R>.attempt<N>.stdout``
+  and ``.stderr``; global rank 0's are copied to the console as they are written, the others'
+  stay in their files, so a failing group does not print every rank's traceback at once. When
+  restarts run out, one `WorkerError` names the rank that failed first, with its traceback;
+* **stalls**: a rank whose output has not grown for ``stall_after_s`` is named on stderr, with how
+  long it has been quiet and when the others last wrote (again each time that doubles).
+
+A script reports metrics with `deskpod.train.log` (rank 0 appends to ``metrics.jsonl``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from deskpod.environment import Environment
+from deskpod.errors import ConfigError, UsageError, WorkerError
+from deskpod.hardware.devices import Device, Inventory
+from deskpod.train.launcher import SHUTDOWN_GRACE_S, quiet_torchelastic, rank_affinity_map, resolve_devices, worker_env
+from deskpod.train.world import NodeWorld, check_port_free, slurm_world
+
+RUN_FILE = "run.json"
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptRun:
+    """Everything resolved before the script's ranks start."""
+
+    target: tuple[str, ...]
+    """The script (absolute path) and its arguments, or ``("-m", module, *args)``."""
+    name: str
+    run_dir: Path
+    kind: str
+    devices: tuple[Device, ...]
+    cpu_pins: tuple[tuple[int, ...], ...]
+    max_restarts: int
+    stall_after_s: float
+    world: NodeWorld | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices) * (self.world.nodes if self.world else 1)
+
+    @property
+    def logs(self) -> Path:
+        return self.run_dir / "logs"
+
+
+def check_target(target: Sequence[str], cwd: Path | None = None) -> tuple[str, ...]:
+    """The script and its arguments as the ranks will run them; `UsageError` for a missing script or module."""
+    cwd = cwd or Path.cwd()
+    if not target or not target[0]:
+        raise UsageError("deskpod run: give a script to run (SCRIPT.py [ARGS...]) or a module (-m MODULE [ARGS...])")
+    if target[0] == "-m":
+        if len(target) < 2 or not target[1] or target[1].startswith("-"):
+            raise UsageError("deskpod run -m: give the module to run, e.g. deskpod run -m mypkg.train --lr 0.1")
+        module = target[1]
+        sys.path.insert(0, str(cwd))  # the ranks run it as `python -m` does: the working folder first on the path
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        finally:
+            sys.path.remove(str(cwd))
+        if found is None:
+            raise UsageError(f"deskpod run -m {module}: no module {module!r} on this Python's path (nor in {cwd})")
+        return tuple(target)
+    script = Path(target[0])
+    path = script if script.is_absolute() else cwd / script
+    if not path.exists():
+        raise UsageError(f"deskpod run: script {target[0]!r} not found (looked in {cwd})")
+    if not path.is_file():
+        raise UsageError(f"deskpod run: {target[0]!r} is not a file; give a Python script, or -m MODULE")
+    return (str(path.resolve()), *target[1:])
+
+
+def default_name(target: Sequence[str], now: datetime | None = None) -> str:
+    """``<script or module>-<date>-<time>``, like ``deskpod train``'s run names."""
+    stem = target[1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in stem).strip("-.")[:40] or "run"
+    return f"{safe}-{(now or datetime.now()):%Y%m%d-%H%M%S}"
+
+
+def prepare_script(
+    target: Sequence[str],
+    *,
+    devices: str = "all",
+    nodes: int = 1,
+    max_restarts: int = 0,
+    name: str | None = None,
+    out: str | Path = "runs",
+    stall_after_s: float = 300.0,
+    inventory: Inventory | None = None,
+    env: Environment | None = None,
+) -> ScriptRun:
+    """Check the request and lay out its ranks; every bad input is a one-line `UsageError` here."""
+    resolved = check_target(target)
+    if nodes < 1:
+        raise ConfigError(f"--nodes {nodes}: expected 1 or more")
+    if not 0 <= max_restarts <= 100:
+        raise ConfigError(f"--max-restarts {max_restarts}: expected a whole number from 0 to 100")
+    if not stall_after_s > 0:
+        raise ConfigError(f"--stall-after {stall_after_s}: expected seconds > 0")
+    name = name or default_name(target)
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    world = slurm_world(nodes) if nodes > 1 else None
+    kind, chosen, pins = resolve_devices(str(devices), inventory=inventory, env=env)
+    run_dir = (Path(out) / name).resolve()
+    return ScriptRun(resolved, name, run_dir, kind, chosen, pins, max_restarts, stall_after_s, world)
+
+
+def _write_run_file(run: ScriptRun) -> None:
+    run.logs.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "target": list(run.target),
+        "kind": run.kind,
+        "backend": "nccl" if run.kind == "cuda" else "gloo",
+        "devices": [d.label for d in run.devices],
+        "threads": run.devices[0].threads if run.kind == "cpu" else 0,
+        "world_size": run.world_size,
+        "nodes": run.world.nodes if run.world else 1,
+        "max_restarts": run.max_restarts,
+        "affinity": rank_affinity_map(run.kind, run.devices, run.cpu_pins),
+        "cwd": str(Path.cwd()),
+    }
+    tmp = run.run_dir / f".{RUN_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(doc, indent=2))
+    os.replace(tmp, run.run_dir / RUN_FILE)
+
+
+class OutputWatch:
+    """Follows the ranks' log files of this node while the group runs: copies global rank 0's output to the
+    console and names ranks whose output has stopped growing (`ScriptRun.stall_after_s`)."""
+
+    def __init__(self, run: ScriptRun, out: TextIO, err: TextIO, clock: Callable[[], float] = time.monotonic) -> None:
+        self.run, self.out, self.err, self.clock = run, out, err, clock
+        first = run.world.node_rank * len(run.devices) if run.world else 0
+        self.ranks = range(first, first + len(run.devices))
+        self.attempt = 0
+        self._offsets: dict[Path, int] = {}
+        self._last: dict[int, tuple[int, float]] = {}
+        self._warned: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="deskpod-run-watch", daemon=True)
+
+    def __enter__(self) -> OutputWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.poll()  # what rank 0 wrote last
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self.poll()
+
+    def _files(self, rank: int, attempt: int) -> tuple[Path, Path]:
+        base = f"rank{rank}.attempt{attempt}"
+        return self.run.logs / f"{base}.stdout", self.run.logs / f"{base}.stderr"
+
+    def poll(self) -> None:
+        now = self.clock()
+        while any(p.exists() for r in self.ranks for p in self._files(r, self.attempt + 1)):
+            self.attempt += 1  # a restarted group writes new files
+            self._last.clear()
+            self._warned.clear()
+        if 0 in self.ranks:
+            for path, stream in zip(self._files(0, self.attempt), (self.out, self.err), strict=True):
+                self._copy(path, stream)
+        self._check_stalls(now)
+
+    def _copy(self, path: Path, stream: TextIO) -> None:
+        offset = self._offsets.get(path, 0)
+        try:
+            with path.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        if chunk:
+            self._offsets[path] = offset + len(chunk)
+            stream.write(chunk.decode("utf-8", "replace"))
+            stream.flush()
+
+    def _check_stalls(self, now: float) -> None:
+        for rank in self.ranks:
+            files = self._files(rank, self.attempt)
+            size = sum(p.stat().st_size for p in files if p.exists())
+            if not any(p.exists() for p in files):
+                continue  # not started yet
+            prev = self._last.get(rank)
+            if prev is None or size != prev[0]:
+                self._last[rank] = (size, now)
+                self._warned.pop(rank, None)
+        quiet = {r: now - t for r, (_, t) in self._last.items() if now - t >= self.run.stall_after_s}
+        due = {r: s for r, s in quiet.items() if s >= 2 * self._warned.get(r, self.run.stall_after_s / 2)}
+        if not due:
+            return
+        for r, s in due.items():
+            self._warned[r] = s
+        talking = {r: now - t for r, (_, t) in self._last.items() if r not in quiet}
+        names = ", ".join(f"rank {r}" for r in sorted(due))
+        others = (
+            "; " + ", ".join(f"rank {r} wrote {format_span(s)} ago" for r, s in sorted(talking.items()))
+            if talking
+            else "; no rank of this node is writing"
+        )
+        self.err.write(
+            f"deskpod run: {names} {'has' if len(due) == 1 else 'have'} written nothing for "
+            f"{format_span(max(due.values()))}{others} (stalled? logs in {self.run.logs})\n"
+        )
+        self.err.flush()
+
+
+def format_span(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def launch_script(run: ScriptRun, *, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
+    """Run the script's ranks to the end; the summary (also ``summary.json``). `WorkerError` when restarts run
+    out: the rank that failed first, its exit code and traceback."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    out, err = out or sys.stdout, err or sys.stderr
+    _write_run_file(run)
+    quiet_torchelastic()
+    env = {**worker_env(run.kind, run.devices), "DESKPOD_RUN_DIR": str(run.run_dir)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    world = run.world
+    if world is not None:
+        check_port_free(world)
+    config = LaunchConfig(
+        min_nodes=world.nodes if world else 1,
+        max_nodes=world.nodes if world else 1,
+        nproc_per_node=len(run.devices),
+        run_id=world.run_id if world else f"deskpod-run-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=world.endpoint if world else "127.0.0.1:0",
+        rdzv_configs={"timeout": 300, **({"is_host": world.node_rank == 0} if world else {})},
+        max_restarts=run.max_restarts,
+        monitor_interval=0.25,
+        local_addr=world.local_addr if world else "127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=str(run.logs / "agent")),
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+    start = time.monotonic()
+    state, code = "completed", 0
+    watch = OutputWatch(run, out, err)
+    try:
+        with watch:
+            elastic_launch(config, sys.executable)("-m", "deskpod.train.script_worker", str(run.run_dir))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        detail = failure.error_file_data.get("message", {}) if isinstance(failure.error_file_data, dict) else {}
+        trace = detail.get("extraInfo", {}).get("py_callstack") if isinstance(detail, dict) else None
+        how = f"exit code {failure.exitcode}" + (f", {failure.signal_name()}" if failure.exitcode < 0 else "")
+        _write_summary(run, "failed", failure.exitcode, watch.attempt, time.monotonic() - start, rank)
+        raise WorkerError(
+            f"deskpod run: rank {rank} failed first ({how}) after {watch.attempt} restart"
+            f"{'s' if watch.attempt != 1 else ''} (--max-restarts {run.max_restarts}); every rank's output is in "
+            f"{run.logs}",
+            root_cause=str(trace or _tail(run, rank, watch.attempt) or failure.message),
+        ) from None
+    except SignalException as e:
+        state, code = "stopped", 128 + int(e.sigval)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return _write_summary(run, state, code, watch.attempt, time.monotonic() - start, None)
+
+
+def _tail(run: ScriptRun, rank: int, attempt: int, lines: int = 30) -> str:
+    """The last lines a rank wrote to stderr, for a failure without a Python traceback (a signal, os._exit)."""
+    with contextlib.suppress(OSError):
+        text = (run.logs / f"rank{rank}.attempt{attempt}.stderr").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+    return ""
+
+
+def _write_summary(
+    run: ScriptRun, state: str, code: int, restarts: int, wall_s: float, failed_rank: int | None
+) -> dict[str, Any]:
+    summary = {
+        "run": run.name,
+        "run_dir": str(run.run_dir),
+        "target": list(run.target),
+        "state": state,
+        "exit_code": code,
+        "world_size": run.world_size,
+        "nodes": run.world.nodes if run.world else 1,
+        "device_kind": run.kind,
+        "devices": [d.label for d in run.devices],
+        "restarts": restarts,
+        "failed_rank": failed_rank,
+        "wall_time_s": round(wall_s, 2),
+    }
+    if run.world is None or run.world.node_rank == 0:
+        tmp = run.run_dir / f".summary.json.{os.getpid()}"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, run.run_dir / "summary.json")
+    return summary
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """0 when the script's ranks all finished; 128 + the signal when the launcher was stopped by one."""
+    return int(summary["exit_code"]) if summary["state"] == "stopped" else 0
