@@ -21,6 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--max-queue-delay-us", type=int, default=2000, help="longest wait for a batch to fill (default 2000)"
     )
     p.add_argument("--instances", type=int, default=1, help="model copies executing concurrently (default 1)")
+    p.add_argument(
+        "--image-input",
+        action="store_true",
+        help="serve a model that takes an encoded JPEG/PNG (BYTES input, one image per row); the server applies "
+        "the run's evaluation transform (size, crop, channels) before the graph",
+    )
     p.set_defaults(func=run)
 
 
@@ -37,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         max_queue_delay_us=args.max_queue_delay_us,
         instances=args.instances,
+        image_input=args.image_input,
     )
     path = export_run(args.run, options)
     print(f"exported {args.run} -> {path} (serve it: deskpod serve {args.repo})")

@@ -1,4 +1,5 @@
-"""``deskpod serve REPO``: serve a model repository over the KServe/Triton v2 protocol (HTTP).
+"""``deskpod serve REPO``: serve a model repository over the KServe/Triton v2 protocol (HTTP, and gRPC with
+``--grpc-port P``).
 
 ``--export RUN`` first exports a training run's latest checkpoint into REPO (as a new version of model
 ``--name``), unless the model's latest version already came from that very checkpoint file: each exported
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import re
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +30,14 @@ SOURCE_FILE = "source.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="serve a model repository over the v2 inference protocol (HTTP)")
+    p = sub.add_parser("serve", help="serve a model repository over the v2 inference protocol (HTTP, gRPC)")
     p.add_argument("repo", type=Path, help="model repository: one folder per model (see `deskpod export`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed)")
+    p.add_argument(
+        "--grpc-port", type=int, default=None, metavar="P",
+        help="also serve the v2 gRPC service on port P (0 = any free port, printed; default: HTTP only)",
+    )  # fmt: skip
     p.add_argument("--models", default=None, help="comma-separated models to load at startup (default: all)")
     p.add_argument("--max-body-mb", type=int, default=64, help="largest request body accepted (default 64)")
     p.add_argument(
@@ -39,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--port-file", type=Path, default=None, metavar="PATH",
-        help='write {"url", "pid", "models", "ready"} to PATH (atomically) once listening, and again when ready',
+        help='write {"url", "pid", "models", "ready"} (and "grpc") to PATH (atomically) once listening, and again when ready',
     )  # fmt: skip
     g = p.add_argument_group("export a run first (--export RUN; the other options only with it)")
     g.add_argument(
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     from deskpod.errors import UsageError
     from deskpod.serve.repository import model_names
-    from deskpod.serve.server import ServeConfig, serve
+    from deskpod.serve.server import Listener, ServeConfig, serve
 
     logging.basicConfig(level=logging.INFO, format="deskpod serve: %(message)s")
     config = ServeConfig(
@@ -83,6 +89,19 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} goes with --export RUN (it sets how RUN is exported)")
     model_names(config.repo)  # a missing repository is bad input: say so before binding
+    listeners: list[Listener] = []
+    if args.grpc_port is not None:
+        try:  # grpcio and the protocol's compiled protos (tritonclient[grpc]): only when asked for
+            from deskpod.serve.grpc_server import GrpcListener
+        except ImportError as e:
+            raise UsageError(
+                f"--grpc-port needs grpcio and tritonclient[grpc] ({e}); pip install 'tritonclient[grpc]'"
+            ) from None
+        listeners.append(GrpcListener(args.host, args.grpc_port, config.max_body_bytes))
+
+    def main() -> Coroutine[Any, Any, int]:  # HTTP alone: serve(config), the call it has always been
+        return serve(config, listeners=listeners) if listeners else serve(config)
+
     if args.loop != "asyncio":
         try:
             import uvloop  # libuv's event loop: measured faster per request (docs/benchmarks.md)
@@ -90,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
             if args.loop == "uvloop":
                 raise UsageError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
         else:
-            return 128 + uvloop.run(serve(config))
-    return 128 + asyncio.run(serve(config))  # stopped by a signal: 143 for SIGTERM, like a stopped training
+            return 128 + uvloop.run(main())
+    # stopped by a signal: 143 for SIGTERM, like a stopped training
+    return 128 + asyncio.run(main())
 
 
 def export_options(args: argparse.Namespace) -> Any:
@@ -115,8 +135,10 @@ def export_options(args: argparse.Namespace) -> Any:
         numbers[key] = value
     slots = Environment.read().cpu_slots  # a pod job on CPU slots: as many threads as slots it holds
     return ExportOptions(
-        repo=args.repo, name=name, format=args.format or FORMATS[0], threads=len(slots) if slots else 0, **numbers
-    )
+        repo=args.repo, name=name, format=args.format or FORMATS[0], threads=len(slots) if slots else 0,
+        max_batch_size=numbers["max_batch_size"], max_queue_delay_us=numbers["max_queue_delay_us"],
+        instances=numbers["instances"],
+    )  # fmt: skip
 
 
 def export_if_new(run: Path, options: Any) -> tuple[Path, bool]:
@@ -166,14 +188,19 @@ def _read_source(version: Path) -> dict[str, Any] | None:
 def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """``deskpod bench serve``: added to the ``bench`` group by deskpod/cli/bench.py."""
     p = bench_sub.add_parser("serve", help="load-test a v2 inference server: closed and open loop, p50/p90/p99")
-    p.add_argument("--url", default="127.0.0.1:8000", help="server host:port (default 127.0.0.1:8000)")
+    p.add_argument(
+        "--url", default=None, help="server host:port (default 127.0.0.1:8000; with --protocol grpc 127.0.0.1:8001)"
+    )
+    p.add_argument("--protocol", default="http", choices=["http", "grpc"], help="v2 over HTTP (default) or gRPC")
     p.add_argument("--model", required=True, help="model to send requests to")
     p.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--concurrency", default="1,8,32", help="closed-loop client counts, comma-separated ('' for none)")
     p.add_argument("--rate", default="", help="open-loop request rates per second, comma-separated")
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per level (default 5)")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each level (default 1)")
-    p.add_argument("--json-data", action="store_true", help="send tensors as JSON instead of binary")
+    p.add_argument(
+        "--json-data", action="store_true", help="send tensors as JSON (gRPC: typed contents) instead of binary"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run_bench)
 
@@ -191,14 +218,16 @@ def run_bench(args: argparse.Namespace) -> int:
     from deskpod.errors import UsageError
     from deskpod.serve.loadgen import LoadSpec, format_table, inputs_from_metadata, run_load, to_json
 
-    host, _, port = args.url.rpartition(":")
+    url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
+    host, _, port = url.rpartition(":")
     if not host or not port.isdigit():
-        raise UsageError(f"--url {args.url!r} must be host:port, e.g. 127.0.0.1:8000")
+        raise UsageError(f"--url {url!r} must be host:port, e.g. 127.0.0.1:8000")
     spec = LoadSpec(
         host=host,
         port=int(port),
+        protocol=args.protocol,
         model=args.model,
-        inputs=inputs_from_metadata(host, int(port), args.model, args.batch),
+        inputs=inputs_from_metadata(host, int(port), args.model, args.batch, protocol=args.protocol),
         binary=not args.json_data,
         duration_s=args.duration,
         warmup_s=args.warmup,

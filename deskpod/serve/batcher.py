@@ -9,6 +9,14 @@ different number of rows than went in — every request in it gets the error. Ne
 When does a batch go? As soon as an instance is idle and either the queue holds a full batch, the next request
 cannot join the batch (a different shape), or the oldest request has waited ``max_queue_delay``. Under load
 the queue fills while the instances compute, so batches form without any waiting.
+
+Preferred batch sizes (Triton's ``preferred_batch_size``) follow Triton's dynamic batcher
+(``DynamicBatchScheduler::GetDynamicBatch`` in triton-inference-server/core): requests are taken in order;
+when they add up to a preferred size, the largest such batch goes at once instead of waiting out the delay,
+and so does a batch that the next request would carry past the largest preferred size. Once the delay has
+run out, everything that fits in ``max_batch_size`` goes. Without preferred sizes Triton uses
+``max_batch_size`` as the one preferred size, which is the behaviour above. ``merge=False`` (Triton without
+``dynamic_batching``) runs every request alone, with its own rows.
 """
 
 from __future__ import annotations
@@ -63,10 +71,20 @@ class Pending:
 class BatchQueue:
     """A bounded FIFO that releases batches; pure — ``now`` is passed in."""
 
-    def __init__(self, max_batch_size: int, max_delay_s: float, max_size: int) -> None:
+    def __init__(
+        self,
+        max_batch_size: int,
+        max_delay_s: float,
+        max_size: int,
+        preferred: Sequence[int] = (),
+        merge: bool = True,
+    ) -> None:
         self.max_batch_size = max_batch_size  # 0: no batching, one request per execution
         self.max_delay_s = max_delay_s
         self.max_size = max_size
+        self.preferred = frozenset(preferred)
+        self.largest_preferred = max(self.preferred, default=0)
+        self.merge = merge  # False: one request per execution, even when the model takes batches
         self.items: deque[Pending] = deque()
 
     def put(self, p: Pending) -> None:
@@ -84,19 +102,28 @@ class BatchQueue:
         """The next batch if one should go now, else None. Requests already answered (timed out) are dropped."""
         if self.ready_at() is None:
             return None
-        if self.max_batch_size == 0:
+        if self.max_batch_size == 0 or not self.merge:
             return [self.items.popleft()]
-        head, batch, rows, used, full = self.items[0], [], 0, 0, False
-        for p in self.items:
+        batch: list[Pending] = []
+        head, rows, used, full = self.items[0], 0, 0, False
+        cap = self.largest_preferred or self.max_batch_size
+        mark = (0, 0)  # (requests, queue entries used) of the batch that may go before the delay runs out
+        for i, p in enumerate(self.items):
             if not p.future.done():
                 if p.signature != head.signature or rows + p.rows > self.max_batch_size:
                     full = True
                     break
+                if batch and rows + p.rows > cap and not mark[0]:
+                    mark = (len(batch), used)  # past every preferred size: the batch so far will not grow into one
                 batch.append(p)
                 rows += p.rows
-            used += 1
-        full = full or rows >= self.max_batch_size
-        if not full and now < head.arrived + self.max_delay_s:
+            used = i + 1
+            if rows in self.preferred:
+                mark = (len(batch), used)
+        delay_over = now >= head.arrived + self.max_delay_s
+        if mark[0] and not delay_over:
+            batch, used = batch[: mark[0]], mark[1]
+        elif not (full or rows >= cap or delay_over):
             return None
         for _ in range(used):
             self.items.popleft()
@@ -150,9 +177,11 @@ class Batcher:
         max_queue_delay_s: float,
         max_queue_size: int,
         stats: ModelStats,
+        preferred_batch_sizes: Sequence[int] = (),
+        merge: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.queue = BatchQueue(max_batch_size, max_queue_delay_s, max_queue_size)
+        self.queue = BatchQueue(max_batch_size, max_queue_delay_s, max_queue_size, preferred_batch_sizes, merge)
         self.instances = list(instances)
         self.stats = stats
         self.clock = clock

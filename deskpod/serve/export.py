@@ -4,6 +4,11 @@ The exported graph takes what a client naturally has — float32 images in [0, 1
 applies the run's per-channel normalisation itself, so a client never has to know ``mean``/``std``; they are
 still written to ``config.toml`` for the record. ONNX (for ONNX Runtime) is the default format; ``torch`` writes
 TorchScript. Each export adds a new numbered version beside the earlier ones.
+
+With ``image_input`` (``deskpod export RUN --image-input``) the model takes encoded JPEG/PNG instead: its one
+input is ``BYTES`` ``[N]`` (one image per row), and ``config.toml`` gains a ``[preprocess]`` table with the run's
+evaluation transform (`deskpod.serve.images.ImagePreprocess`: channels, size, resize and crop) that the server
+applies before the graph — which still takes FP32 [0, 1] and normalises with the run's mean/std itself.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.errors import ConfigError, UsageError
+from deskpod.serve.images import ImagePreprocess, for_run
 from deskpod.serve.repository import PLATFORMS, ModelConfig, TensorSpec, next_version, write_config
 
 FORMATS = {"onnx": "onnxruntime", "torch": "torch"}
@@ -32,6 +38,8 @@ class ExportOptions:
     max_queue_delay_us: int = 2000
     instances: int = 1
     threads: int = 0
+    image_input: bool = False
+    """Take encoded JPEG/PNG (a BYTES input) and apply the run's preprocessing in the server."""
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -68,10 +76,18 @@ def export_model(
     class_names: Sequence[str] = (),
     mean: Sequence[float] = (),
     std: Sequence[float] = (),
+    preprocess: ImagePreprocess | None = None,
 ) -> Path:
-    """Write ``model`` (a torch module taking (N, *input_shape)) as a new version; returns the version folder."""
+    """Write ``model`` (a torch module taking (N, *input_shape)) as a new version; returns the version folder.
+
+    With ``preprocess`` the served input is the encoded image it describes (its C×H×W must be ``input_shape``)."""
     import torch
 
+    if preprocess is not None and (preprocess.channels, preprocess.height, preprocess.width) != tuple(input_shape):
+        raise ConfigError(
+            f"image preprocessing makes {preprocess.channels}×{preprocess.height}×{preprocess.width} "
+            f"but the model takes {'×'.join(map(str, input_shape))}"
+        )
     if bool(mean) != bool(std) or (mean and len(mean) != len(std)):
         raise ConfigError(f"mean {list(mean)} and std {list(std)} must both be given, one value per channel")
     wrapped = _normalized(model.cpu().float().eval(), mean, std)
@@ -100,10 +116,15 @@ def export_model(
             )
         else:
             torch.jit.save(torch.jit.trace(wrapped, example), str(path))
+    if preprocess is not None:
+        preprocess = replace(preprocess, tensor="input")  # the graph's input, as exported above
+        inputs = (TensorSpec(preprocess.input, "BYTES", ()),)
+    else:
+        inputs = (TensorSpec("input", "FP32", tuple(input_shape)),)
     config = ModelConfig(
         name=options.name,
         platform=platform,
-        inputs=(TensorSpec("input", "FP32", tuple(input_shape)),),
+        inputs=inputs,
         outputs=(TensorSpec("logits", "FP32", tuple(out.shape[1:])),),
         max_batch_size=options.max_batch_size,
         max_queue_delay_us=options.max_queue_delay_us,
@@ -112,6 +133,7 @@ def export_model(
         labels=tuple(class_names),
         mean=tuple(float(m) for m in mean),
         std=tuple(float(s) for s in std),
+        preprocess=None if preprocess is None else preprocess.to_dict(),
     )
     write_config(model_dir, config)
     return version_dir
@@ -120,7 +142,8 @@ def export_model(
 def export_run(
     run_dir: Path, options: ExportOptions | None = None, *, repo: Path | None = None, format: str = "onnx"
 ) -> Path:
-    """Export a training run's latest checkpoint (`deskpod.train.checkpoint.load_model`)."""
+    """Export a training run's latest checkpoint (`deskpod.train.checkpoint.load_model`); with
+    ``options.image_input``, with the run's evaluation transform (from its dataset, in ``config.toml``)."""
     from deskpod.train.checkpoint import load_model
 
     loaded = load_model(run_dir)
@@ -128,6 +151,12 @@ def export_run(
         options = ExportOptions(repo=repo or Path("models"), name=run_dir.name, format=format)
     elif repo is not None:
         options = replace(options, repo=repo)
+    preprocess = None
+    if options.image_input:
+        c, h, w = loaded.input_shape
+        if c not in (1, 3):
+            raise UsageError(f"--image-input needs a run on 1- or 3-channel images; run {run_dir} takes {c} channels")
+        preprocess = for_run(c, h, w, run_dataset(run_dir))
     return export_model(
         loaded.model,
         tuple(loaded.input_shape),
@@ -135,4 +164,18 @@ def export_run(
         class_names=loaded.class_names,
         mean=loaded.mean,
         std=loaded.std,
+        preprocess=preprocess,
     )
+
+
+def run_dataset(run_dir: Path) -> str:
+    """The ``data`` a run was trained on, from its resolved ``config.toml`` ("" when it does not say)."""
+    import tomllib
+
+    from deskpod.train.runs import RunPaths
+
+    path = RunPaths(run_dir).config
+    try:
+        return str(tomllib.loads(path.read_text()).get("data", ""))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return ""

@@ -1,4 +1,5 @@
-"""A load generator for any v2 inference server: closed loop at given concurrencies, open loop at given rates.
+"""A load generator for any v2 inference server, over HTTP or gRPC: closed loop at given concurrencies, open loop
+at given rates.
 
 Closed loop: C connections, each sends a request as soon as its previous answer arrives — throughput at a fixed
 number of clients in flight; a client refused with 429/503 pauses 20 ms before it tries again (retrying at once
@@ -9,6 +10,12 @@ measured from the *scheduled* start, so a server that falls behind shows it (no 
 The client is lean on purpose — it shares the CPU with the server it measures: the request bytes are built once,
 each connection is an ``asyncio.Protocol`` that only splits responses by Content-Length, and only the first
 response is decoded and checked (outside the timed part). Every non-200 answer is counted by status.
+
+Over gRPC (``protocol="grpc"``, the service ``inference.GRPCInferenceService``) a connection is a channel of its
+own (its own HTTP/2 connection, one call in flight, as an HTTP connection has); the ``ModelInferRequest`` is
+serialized once and the answer is not parsed in the timed part either. Tensors go as ``raw_input_contents``
+(``binary=False``: typed ``contents``). Failed calls are counted by their code (``UNAVAILABLE``, ...); a client
+refused with UNAVAILABLE backs off as one refused with 503 does. The same figures come out for both protocols.
 """
 
 from __future__ import annotations
@@ -23,7 +30,13 @@ from typing import Any
 import numpy as np
 
 from deskpod.errors import RunError, UsageError
-from deskpod.serve.protocol import decode_response, encode_request
+from deskpod.serve.protocol import DTYPES, _bytes_tensor, _raw, datatype_of, decode_response, encode_request
+
+PROTOCOLS = ("http", "grpc")
+OVERLOADED = (429, 503, "UNAVAILABLE")
+"""Answers after which a closed-loop client backs off: HTTP 429/503 and gRPC UNAVAILABLE."""
+_INFER = "/inference.GRPCInferenceService/ModelInfer"
+CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -37,9 +50,17 @@ class LoadSpec:
     warmup_s: float = 1.0
     max_connections: int = 1024
     overload_backoff_s: float = 0.02
-    """Closed loop: a client pauses this long after a 429/503 instead of retrying at once."""
+    """Closed loop: a client pauses this long after a 429/503 (gRPC UNAVAILABLE) instead of retrying at once."""
+    protocol: str = "http"
+    """``http`` or ``grpc``: how requests travel to ``host:port``."""
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise UsageError(f"protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
 
     def request_bytes(self) -> bytes:
+        if self.protocol == "grpc":
+            return grpc_request(self.model, self.inputs, raw=self.binary).SerializeToString()  # type: ignore[no-any-return]
         body, hl = encode_request(self.inputs, binary=self.binary, binary_outputs=self.binary)
         head = f"POST /v2/models/{self.model}/infer HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(body)}\r\n"
         if hl is not None:
@@ -114,10 +135,84 @@ class _Conn(asyncio.Protocol):
         return await self.waiter
 
 
-async def _connect(spec: LoadSpec) -> _Conn:
+class _GrpcConn:
+    """One gRPC channel (its own HTTP/2 connection) with at most one call in flight; the `_Conn` interface."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        import grpc
+
+        # A local subchannel pool: channels with equal options would otherwise share one TCP connection.
+        self.channel = grpc.aio.insecure_channel(
+            f"{spec.host}:{spec.port}",
+            options=[("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1)],
+        )
+        self.call = self.channel.unary_unary(_INFER)  # no serializers: bytes in, bytes out
+        self.error = grpc.aio.AioRpcError
+        self.closed = False
+
+    async def request(self, data: bytes) -> tuple[int | str, bytes, int | None]:
+        try:
+            return 200, await self.call(data), None
+        except self.error as e:
+            return e.code().name, (e.details() or "").encode(), None
+
+
+Conn = _Conn | _GrpcConn
+
+
+async def _connect(spec: LoadSpec) -> Conn:
+    if spec.protocol == "grpc":
+        c = _GrpcConn(spec)
+        try:
+            await asyncio.wait_for(c.channel.channel_ready(), CONNECT_TIMEOUT_S)
+        except TimeoutError:  # an OSError, as a refused HTTP connection is
+            await c.channel.close()
+            raise TimeoutError(
+                f"no gRPC connection to {spec.host}:{spec.port} within {CONNECT_TIMEOUT_S:g} s"
+            ) from None
+        return c
     loop = asyncio.get_running_loop()
     _, conn = await loop.create_connection(_Conn, spec.host, spec.port)
     return conn
+
+
+async def _close(conns: list[Conn]) -> None:
+    for c in conns:
+        if isinstance(c, _GrpcConn):
+            await c.channel.close()
+        elif c.transport is not None:
+            c.transport.close()
+
+
+def grpc_request(model: str, inputs: dict[str, np.ndarray], *, raw: bool = True) -> Any:
+    """A ``ModelInferRequest`` for ``inputs``: raw contents, or typed ``contents`` (``raw=False``)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from deskpod.serve.grpc_server import CONTENTS
+
+    req = pb.ModelInferRequest(model_name=model)
+    for name, arr in inputs.items():
+        t = req.inputs.add(name=name, datatype=datatype_of(arr.dtype), shape=arr.shape)
+        if raw:
+            req.raw_input_contents.append(_raw(arr))
+        else:
+            getattr(t.contents, CONTENTS[t.datatype]).extend(arr.reshape(-1).tolist())
+    return req
+
+
+def decode_grpc_response(data: bytes) -> dict[str, np.ndarray]:
+    """The outputs of a serialized ``ModelInferResponse`` (raw output contents, as Triton and deskpod send)."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    resp = pb.ModelInferResponse.FromString(data)
+    out: dict[str, np.ndarray] = {}
+    for t, raw in zip(resp.outputs, resp.raw_output_contents, strict=True):
+        shape = tuple(t.shape)
+        if t.datatype == "BYTES":
+            out[t.name] = _bytes_tensor(raw, math.prod(shape), t.name).reshape(shape)
+        else:
+            out[t.name] = np.frombuffer(raw, dtype=DTYPES[t.datatype]).reshape(shape)
+    return out
 
 
 def _summary(mode: str, level: float, lat: list[float], errors: Counter[str], duration: float) -> LoadResult:
@@ -138,15 +233,17 @@ def _summary(mode: str, level: float, lat: list[float], errors: Counter[str], du
 
 async def check(spec: LoadSpec) -> dict[str, np.ndarray]:
     """Send one request and decode the answer: the load is only measured against a server that answers right."""
-    conn = await _connect(spec)
+    try:
+        conn = await _connect(spec)
+    except OSError as e:
+        raise RunError(f"cannot connect to {spec.host}:{spec.port} ({spec.protocol}): {e}") from None
     try:
         status, body, hl = await conn.request(spec.request_bytes())
     finally:
-        assert conn.transport is not None
-        conn.transport.close()
+        await _close([conn])
     if status != 200:
         raise RunError(f"server answered {status} to a check request: {body[:300]!r}")
-    return decode_response(body, hl)
+    return decode_grpc_response(body) if spec.protocol == "grpc" else decode_response(body, hl)
 
 
 async def closed_loop(spec: LoadSpec, concurrency: int) -> LoadResult:
@@ -160,7 +257,7 @@ async def closed_loop(spec: LoadSpec, concurrency: int) -> LoadResult:
     lat: list[float] = []
     errors: Counter[str] = Counter()
 
-    async def client(c: _Conn) -> None:
+    async def client(c: Conn) -> None:
         while not c.closed:
             t0 = loop.time()
             if t0 >= t_end:
@@ -176,13 +273,11 @@ async def closed_loop(spec: LoadSpec, concurrency: int) -> LoadResult:
                     lat.append(loop.time() - t0)
                 else:
                     errors[str(status)] += 1
-            if status in (429, 503):
+            if status in OVERLOADED:
                 await asyncio.sleep(spec.overload_backoff_s)  # a well-behaved client backs off when refused
 
     await asyncio.gather(*(client(c) for c in conns))
-    for c in conns:
-        if c.transport is not None:
-            c.transport.close()
+    await _close(list(conns))
     return _summary("closed", concurrency, lat, errors, spec.duration_s)
 
 
@@ -191,7 +286,7 @@ async def open_loop(spec: LoadSpec, rate: float) -> LoadResult:
         raise UsageError(f"rate {rate} must be > 0 requests/s")
     data = spec.request_bytes()
     loop = asyncio.get_running_loop()
-    idle: list[_Conn] = []
+    idle: list[Conn] = []
     opened = 0
     lat: list[float] = []
     errors: Counter[str] = Counter()
@@ -241,9 +336,7 @@ async def open_loop(spec: LoadSpec, rate: float) -> LoadResult:
         i += 1
     if tasks:
         await asyncio.wait(tasks, timeout=30)
-    for c in idle:
-        if c.transport is not None:
-            c.transport.close()
+    await _close(idle)
     return _summary("open", rate, lat, errors, spec.duration_s)
 
 
@@ -266,18 +359,21 @@ def run_load(spec: LoadSpec, concurrencies: list[int], rates: list[float]) -> li
     return asyncio.run(main())
 
 
-def inputs_from_metadata(host: str, port: int, model: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+def inputs_from_metadata(
+    host: str, port: int, model: str, batch: int, seed: int = 0, protocol: str = "http"
+) -> dict[str, np.ndarray]:
     """Random inputs of the model's shape (batch ``batch``, variable dims 1), from its v2 metadata."""
     import urllib.error
     import urllib.request
 
-    from deskpod.serve.protocol import DTYPES
-
-    try:
-        with urllib.request.urlopen(f"http://{host}:{port}/v2/models/{model}", timeout=10) as r:
-            meta = json.loads(r.read())
-    except (urllib.error.URLError, OSError) as e:
-        raise RunError(f"cannot read the metadata of model {model!r} at {host}:{port}: {e}") from None
+    if protocol == "grpc":
+        meta = _grpc_metadata(host, port, model)
+    else:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/v2/models/{model}", timeout=10) as r:
+                meta = json.loads(r.read())
+        except (urllib.error.URLError, OSError) as e:
+            raise RunError(f"cannot read the metadata of model {model!r} at {host}:{port}: {e}") from None
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for t in meta["inputs"]:
@@ -288,6 +384,23 @@ def inputs_from_metadata(host: str, port: int, model: str, batch: int, seed: int
             shape[0] = batch
         out[t["name"]] = rng.random(shape).astype(DTYPES[t["datatype"]])
     return out
+
+
+def _grpc_metadata(host: str, port: int, model: str) -> dict[str, Any]:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    try:
+        with grpc.insecure_channel(f"{host}:{port}") as channel:
+            call = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelMetadata",
+                request_serializer=pb.ModelMetadataRequest.SerializeToString,
+                response_deserializer=pb.ModelMetadataResponse.FromString,
+            )
+            m = call(pb.ModelMetadataRequest(name=model), timeout=CONNECT_TIMEOUT_S)
+    except grpc.RpcError as e:
+        raise RunError(f"cannot read the metadata of model {model!r} at {host}:{port} (gRPC): {e.details()}") from None
+    return {"inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in m.inputs]}
 
 
 def format_table(results: list[LoadResult]) -> str:

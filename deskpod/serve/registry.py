@@ -18,9 +18,10 @@ from typing import Any
 
 from deskpod.errors import DeskpodError, NotFoundError, UsageError
 from deskpod.serve.batcher import Batcher, ModelUnavailable
+from deskpod.serve.images import network_config
 from deskpod.serve.metrics import ModelStats
-from deskpod.serve.repository import ModelConfig, model_names, read_config, versions_to_load
-from deskpod.serve.runtimes import Runtime, example_inputs, load_runtime
+from deskpod.serve.repository import ModelConfig, is_model_folder, model_names, read_config, versions_to_load
+from deskpod.serve.runtimes import Runtime, example_inputs, instance_devices, load_runtime
 
 log = logging.getLogger("deskpod.serve")
 
@@ -52,14 +53,16 @@ class ModelEntry:
 def _build(model_dir: Path) -> tuple[ModelConfig, dict[str, list[Runtime]]]:
     """Read the config, load every instance of every version, warm each up (worker thread)."""
     config = read_config(model_dir)
+    devices = instance_devices(config)
     built: dict[str, list[Runtime]] = {}
+    net = network_config(config)  # an image model's runtime takes the decoded tensor
     for v in versions_to_load(model_dir, config):
-        instances = [load_runtime(model_dir / str(v), config) for _ in range(config.instances)]
+        instances = [load_runtime(model_dir / str(v), net, d) for d in devices]
         if config.warmup:
             sizes = sorted({1, max(1, config.max_batch_size)})
             for rt in instances:
                 for b in sizes:
-                    rt.run(example_inputs(config, b))
+                    rt.run(example_inputs(net, b))
         built[str(v)] = instances
     return config, built
 
@@ -77,7 +80,7 @@ class ModelRegistry:
     async def load(self, name: str, raise_errors: bool = True) -> None:
         """Load (or reload) one model; a failure leaves it UNAVAILABLE with the reason, others unaffected."""
         model_dir = self.repo / name
-        if "/" in name or name.startswith(".") or not (model_dir / "config.toml").is_file():
+        if "/" in name or name.startswith(".") or not is_model_folder(model_dir):
             raise ModelNotFound(f"no model {name!r} in repository {self.repo}; models: {model_names(self.repo)}")
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
@@ -104,6 +107,8 @@ class ModelRegistry:
                     max_queue_delay_s=config.max_queue_delay_us / 1e6,
                     max_queue_size=config.max_queue_size,
                     stats=stats,
+                    preferred_batch_sizes=config.preferred_batch_sizes,
+                    merge=config.dynamic_batching,
                 )
                 batcher.start()
                 entry.versions[v] = LoadedVersion(config, v, batcher, stats)

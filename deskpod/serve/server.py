@@ -26,9 +26,10 @@ import signal
 import socket
 import time
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 import numpy as np
@@ -36,6 +37,13 @@ import numpy as np
 from deskpod import __version__
 from deskpod.errors import DeskpodError, NotFoundError, TooLargeError, UsageError
 from deskpod.serve.batcher import ModelUnavailable, Overloaded, RequestTimeout
+from deskpod.serve.images import (
+    RAW_IMAGE_TOP_K,
+    classification_requests,
+    classify,
+    decoder,
+    preprocess_of,
+)
 from deskpod.serve.metrics import prometheus_text
 from deskpod.serve.protocol import DTYPES as _DTYPE
 from deskpod.serve.protocol import InferRequest, ProtocolError, datatype_of, decode_request, encode_response
@@ -47,7 +55,8 @@ REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not All
            413: "Payload Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
            503: "Service Unavailable", 504: "Gateway Timeout"}  # fmt: skip
 _OBJECT = np.dtype(object)
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "model_configuration", "schedule_policy"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "model_configuration", "schedule_policy",
+              "classification"]  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,7 +74,8 @@ class ServeConfig:
     idle_timeout_s: float = 60.0
     """A connection with no request in flight and no bytes for this long is closed (slow or vanished clients)."""
     port_file: Path | None = None
-    """Where to write ``{"url", "pid", "models", "ready"}`` (atomically) once listening, when ready and on stop."""
+    """Where to write ``{"url", "pid", "models", "ready"}`` (atomically) once listening, when ready and on stop;
+    each of `serve`'s listeners adds its address (gRPC: ``"grpc": "host:port"``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -134,7 +144,48 @@ def metadata(lv: LoadedVersion, all_versions: list[str]) -> dict[str, Any]:
            "inputs": [t(s) for s in c.inputs], "outputs": [t(s) for s in c.outputs]}  # fmt: skip
     if c.labels:
         doc["parameters"] = {"labels": list(c.labels)}
+    if c.preprocess:
+        doc.setdefault("parameters", {})["preprocess"] = dict(c.preprocess)
     return doc
+
+
+def admit(registry: ModelRegistry, name: str, version: str | None) -> LoadedVersion:
+    """The model version an infer request goes to, refused at once when its queue is full (HTTP 503, gRPC
+    UNAVAILABLE). Call it before decoding the request: under overload a refusal must cost far less than service."""
+    lv = registry.get(name, version)
+    if lv.batcher.full():
+        lv.stats.rejected += 1
+        raise Overloaded(f"queue full ({lv.config.max_queue_size} requests waiting); retry later")
+    return lv
+
+
+def submit(lv: LoadedVersion, req: InferRequest) -> asyncio.Future[dict[str, np.ndarray]]:
+    """Check a decoded request against the model and queue it with its timeout (the request's, else the model's);
+    the future resolves to its outputs. The one path of both protocols (HTTP and gRPC) into the batcher."""
+    check_inputs(lv.config, req)
+    timeout_us = req.timeout_us
+    timeout = timeout_us / 1e6 if timeout_us else (lv.config.timeout_ms / 1000 or None)
+    try:
+        return lv.batcher.submit(req.inputs, timeout)
+    except Overloaded:
+        lv.stats.rejected += 1
+        raise
+
+
+def submit_decoded(
+    lv: LoadedVersion, req: InferRequest, inputs: dict[str, np.ndarray], t0: float
+) -> asyncio.Future[dict[str, np.ndarray]]:
+    """Queue an image request's decoded ``inputs`` (``req`` already passed `check_inputs` as sent) with what is left
+    of its timeout since ``t0`` (``time.perf_counter()`` at arrival); counts a refusal as `submit` does."""
+    timeout_us = req.timeout_us
+    timeout = timeout_us / 1e6 if timeout_us else (lv.config.timeout_ms / 1000 or None)
+    if timeout is not None:
+        timeout = max(1e-6, timeout - (time.perf_counter() - t0))
+    try:
+        return lv.batcher.submit(inputs, timeout)
+    except Overloaded:
+        lv.stats.rejected += 1
+        raise
 
 
 class App:
@@ -231,10 +282,7 @@ class App:
         self, conn: HttpConnection, name: str, version: str | None, headers: dict[str, str], body: bytes
     ) -> None:
         t0 = time.perf_counter()
-        lv = self.registry.get(name, version)
-        if lv.batcher.full():  # refuse before decoding: under overload a refusal must cost far less than service
-            lv.stats.rejected += 1
-            raise Overloaded(f"queue full ({lv.config.max_queue_size} requests waiting); retry later")
+        lv = admit(self.registry, name, version)
         enc = headers.get("content-encoding")
         if enc in ("gzip", "deflate"):
             d = zlib.decompressobj(wbits=31 if enc == "gzip" else 15)
@@ -249,20 +297,60 @@ class App:
             header_length = None if hl is None else int(hl)
         except ValueError:
             raise ProtocolError(f"Inference-Header-Content-Length {hl!r} is not an integer") from None
-        req = decode_request(body, header_length)
+        pre = preprocess_of(lv.config)
+        if pre is not None and headers.get("content-type", "").startswith("image/"):
+            # The body is one encoded image itself (``curl --data-binary @cat.jpg -H 'Content-Type: image/jpeg'``):
+            # answered as a v2 request for that one row, each output as its top classes (JSON).
+            req = InferRequest(inputs={pre.input: np.array([body], dtype=object)})
+            classes = {t.name: RAW_IMAGE_TOP_K for t in lv.config.outputs}
+        elif pre is None and headers.get("content-type", "").startswith("image/"):
+            raise ProtocolError(
+                f"model {lv.config.name!r} takes tensors, not an image body; export it with --image-input to send images"
+            )
+        else:
+            req = decode_request(body, header_length)
+            classes = classification_requests(body, header_length)
+        if pre is None:
+            fut = submit(lv, req)
+            conn.busy = True
+            fut.add_done_callback(lambda f: self._infer_done(conn, lv, req, t0, f, classes))
+            return
+        # An image model: check the request as sent (BYTES, one image per row), decode off the event loop,
+        # then queue the decoded tensor like any request; a bad image is answered 400 on its own.
         check_inputs(lv.config, req)
-        timeout_us = req.timeout_us
-        timeout = timeout_us / 1e6 if timeout_us else (lv.config.timeout_ms / 1000 or None)
         try:
-            fut = lv.batcher.submit(req.inputs, timeout)
+            decoding = decoder().decode(req.inputs, pre)
         except Overloaded:
             lv.stats.rejected += 1
             raise
         conn.busy = True
-        fut.add_done_callback(lambda f: self._infer_done(conn, lv, req, t0, f))
+        decoding.add_done_callback(lambda f: self._infer_decoded(conn, lv, req, t0, f, classes))
+
+    def _infer_decoded(
+        self,
+        conn: HttpConnection,
+        lv: LoadedVersion,
+        req: InferRequest,
+        t0: float,
+        decoding: asyncio.Future[dict[str, np.ndarray]],
+        classes: dict[str, int],
+    ) -> None:
+        """An image request's decoded tensors into the batcher, with what is left of its timeout."""
+        try:
+            fut = submit_decoded(lv, req, decoding.result(), t0)
+        except Exception as e:
+            conn.respond_error(e)
+            return
+        fut.add_done_callback(lambda f: self._infer_done(conn, lv, req, t0, f, classes))
 
     def _infer_done(
-        self, conn: HttpConnection, lv: LoadedVersion, req: InferRequest, t0: float, fut: asyncio.Future[Any]
+        self,
+        conn: HttpConnection,
+        lv: LoadedVersion,
+        req: InferRequest,
+        t0: float,
+        fut: asyncio.Future[Any],
+        classes: dict[str, int] | None = None,
     ) -> None:
         exc = fut.exception()
         lv.stats.record_request(time.perf_counter() - t0, exc is None)
@@ -272,6 +360,8 @@ class App:
         outputs = fut.result()
         if req.outputs is not None:
             outputs = {n: outputs[n] for n in req.outputs}
+        for n, k in (classes or {}).items():  # Triton's classification extension: top-k strings, not the tensor
+            outputs[n] = classify(outputs, n, lv.config.labels, k)
         body, hl = encode_response(lv.config.name, lv.version, outputs, req)
         conn.respond(200, body, b"application/octet-stream" if hl is not None else b"application/json", hl)
 
@@ -418,8 +508,24 @@ def port_doc(host: str, port: int, registry: ModelRegistry, *, ready: bool, stop
     return doc
 
 
-async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None) -> int:
-    """Run the server until SIGINT/SIGTERM: listen first (live), load the models, then report ready.
+class Listener(Protocol):
+    """Another front end of the same `App` — the gRPC service (deskpod/serve/grpc_server.py) — handed to `serve`
+    by whoever starts it (the CLI), so this module never imports it."""
+
+    async def start(self, app: App) -> dict[str, str]:
+        """Listen; returns what the port file gains, e.g. ``{"grpc": "127.0.0.1:8001"}`` (also printed)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop listening; calls in flight may finish first."""
+        ...
+
+
+async def serve(
+    config: ServeConfig, started: asyncio.Future[int] | None = None, listeners: Sequence[Listener] = ()
+) -> int:
+    """Run the server until SIGINT/SIGTERM: listen first (live; HTTP, then each of ``listeners``), load the models,
+    then report ready.
 
     Returns the number of the signal that stopped it (the CLI exits with 128 + it, as a stopped training does)."""
     loop = asyncio.get_running_loop()
@@ -428,8 +534,26 @@ async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None)
     server = await loop.create_server(lambda: HttpConnection(app), config.host, config.port, backlog=4096)
     port = server.sockets[0].getsockname()[1]
     print(f"deskpod serve: listening on http://{config.host}:{port}", flush=True)
-    if config.port_file is not None:
-        write_port_file(config.port_file, port_doc(config.host, port, registry, ready=False))
+    addresses: dict[str, str] = {}
+    started_listeners: list[Listener] = []
+    try:
+        for listener in listeners:
+            more = await listener.start(app)
+            started_listeners.append(listener)
+            for scheme, address in more.items():
+                print(f"deskpod serve: listening on {scheme}://{address}", flush=True)
+            addresses |= more
+    except BaseException:
+        server.close()
+        for listener in started_listeners:
+            await listener.stop()
+        raise
+
+    def write_port(**kw: bool) -> None:
+        if config.port_file is not None:
+            write_port_file(config.port_file, port_doc(config.host, port, registry, **kw) | addresses)
+
+    write_port(ready=False)
     if started is not None:
         started.set_result(port)
     await registry.load_all(list(config.models) if config.models is not None else None)
@@ -439,8 +563,7 @@ async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None)
             flush=True,
         )
     app.ready = True
-    if config.port_file is not None:
-        write_port_file(config.port_file, port_doc(config.host, port, registry, ready=True))
+    write_port(ready=True)
 
     def sweep() -> None:
         app.close_idle(time.monotonic())
@@ -459,7 +582,8 @@ async def serve(config: ServeConfig, started: asyncio.Future[int] | None = None)
         loop.add_signal_handler(sig, on_signal, int(sig))
     await stop.wait()
     server.close()
-    if config.port_file is not None:  # still there, but no longer serving: say so before unloading
-        write_port_file(config.port_file, port_doc(config.host, port, registry, ready=False, stopped=True))
+    for listener in started_listeners:
+        await listener.stop()
+    write_port(ready=False, stopped=True)  # still there, but no longer serving: say so before unloading
     await registry.close()
     return stopped_by[0]

@@ -9,13 +9,15 @@ model's inputs, outputs and labels.
 
 "Try it" sends one image to the deployment (a v2 infer request, binary tensor data) and shows the top-5
 classes with softmax probabilities, the round trip measured here and the server's own queue and compute
-time (the change in its statistics across the request, when no other request ran meanwhile). The served
-models take FP32 ``[C, H, W]`` tensors in [0, 1] (the exported graph applies the run's normalisation, see
-`deskpod.serve.export`), so this page does the preprocessing itself for now: PIL decodes the upload,
-converts it to grayscale or RGB (transparency over black, the Fashion-MNIST background), resizes it to
-H×W and scales it to [0, 1]. Issue 15 will give the served models image (BYTES) inputs that the server
-decodes itself; this page can then send the file as it is. A run trained on Fashion-MNIST can also be tried
-on a sample of its test set (t10k), shown with its true label.
+time (the change in its statistics across the request, when no other request ran meanwhile). A model
+exported with ``--image-input`` takes encoded images (one ``BYTES`` input of shape ``[-1]``): the page sends
+the uploaded file as it is and the server decodes it with the run's own transform (`deskpod.serve.images`);
+"what the model sees" is that transform applied here too, from the ``preprocess`` the metadata reports. Older
+exports take FP32 ``[C, H, W]`` tensors in [0, 1] (the exported graph applies the run's normalisation, see
+`deskpod.serve.export`), so for them the page does the preprocessing itself: PIL decodes the upload, converts
+it to grayscale or RGB (transparency over black, the Fashion-MNIST background), resizes it to H×W and scales
+it to [0, 1]. A run trained on Fashion-MNIST can also be tried on a sample of its test set (t10k), shown with
+its true label.
 
 ::
 
@@ -32,6 +34,7 @@ newest `SCAN_JOBS` jobs, so it costs the same with 10,000 jobs in the store.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import time
 import tomllib
@@ -50,6 +53,7 @@ from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundErr
 from deskpod.jobs.api import status_of
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
+from deskpod.serve.images import ImagePreprocess, prepared_image
 from deskpod.train.runs import RunPaths, has_checkpoint
 from deskpod.web import render
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
@@ -325,6 +329,25 @@ def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | N
 
 
 # ----------------------------------------------------------------------------------------- try it
+def image_input(meta: dict[str, Any]) -> str | None:
+    """The name of the model's encoded-image input (one BYTES input, one image per row), or None: tensors."""
+    inputs = meta.get("inputs") or []
+    if len(inputs) == 1 and inputs[0].get("datatype") == "BYTES" and list(inputs[0].get("shape") or []) == [-1]:
+        return str(inputs[0].get("name"))
+    return None
+
+
+def as_sent(raw: bytes, meta: dict[str, Any]) -> tuple[np.ndarray, Any]:
+    """An encoded image as an image model's input — the bytes as they are, one row — and what the network sees
+    (a PIL image, when the metadata says how the server prepares it; else None)."""
+    doc = (meta.get("parameters") or {}).get("preprocess")
+    seen = None
+    if isinstance(doc, dict):
+        with contextlib.suppress(DeskpodError):  # the server will say what is wrong with the image
+            seen = prepared_image(raw, ImagePreprocess.from_dict(doc))
+    return np.array([raw], dtype=object), seen
+
+
 def input_spec(meta: dict[str, Any]) -> tuple[str, int, int, int]:
     """The model's image input: (name, C, H, W) from its metadata; a model that takes no image is refused.
 
@@ -460,7 +483,9 @@ async def predict(
     full, error = metadata(web, job, row["url"], str(row["model"]), row["pid"])
     if full is None:
         raise ConflictError(f"deployment {row['id']} does not give its model's metadata: {error}")
-    name, c, h, w = input_spec(full)
+    encoded = image_input(full)
+    name, c, h, w = (encoded, 0, 0, 0) if encoded else input_spec(full)
+    as_image = full if encoded else None
     form = await request.form()
     upload = form.get("image")
     if isinstance(upload, UploadFile) and upload.filename:
@@ -468,7 +493,7 @@ async def predict(
             raw = await _read_upload(upload)
         except TooLargeError as e:
             raise _FieldError("image", e) from None
-        got = await run_in_threadpool(_prepare_upload, raw, str(upload.filename), c, h, w)
+        got = await run_in_threadpool(_prepare_upload, raw, str(upload.filename), c, h, w, as_image)
     elif fields.get("sample", "").strip():
         if not data["samples"]:
             raise _FieldError(
@@ -478,39 +503,64 @@ async def predict(
         index = _int_field(fields, "sample", "test sample", 0, TEST_SAMPLES - 1, errors)
         if errors:
             raise _FieldError("sample", ConfigError(errors["sample"]))
-        got = await run_in_threadpool(_prepare_sample, web, index, c, h, w)
+        got = await run_in_threadpool(_prepare_sample, web, index, c, h, w, as_image)
     else:
         raise _FieldError("image", ConfigError("choose an image file to upload, or a test sample number"))
-    x, source = got.pop("x"), got.pop("source")
+    x, source, shape = got.pop("x"), got.pop("source"), got.pop("shape")
     result = await infer(row["url"], str(row["model"]), full, x, name)
-    result["input"] = {**source, "shape": list(x.shape)}
+    result["input"] = {**source, "shape": shape}
     if source["source"] == "sample":
         result["correct"] = bool(result["top"] and result["top"][0]["index"] == source["true_index"])
     return {"result": result, **got}
 
 
-def _prepare_upload(raw: bytes, filename: str, c: int, h: int, w: int) -> dict[str, Any]:
+def _model_input(
+    raw: bytes, im: Any, c: int, h: int, w: int, as_image: dict[str, Any] | None
+) -> tuple[np.ndarray, Any, list[int]]:
+    """The request's input, the picture the network sees (or None) and the shape shown for it: the file as it is
+    for an image model (``as_image``: its metadata), else the page's own FP32 tensor."""
+    if as_image is not None:
+        x, seen = as_sent(raw, as_image)
+        shape = [len(seen.getbands()), seen.height, seen.width] if seen is not None else list(x.shape)
+        return x, seen, shape
+    x, seen = to_input(im, c, h, w)
+    return x, seen, list(x.shape)
+
+
+def _prepare_upload(
+    raw: bytes, filename: str, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Decode an upload and make the model's input of it (a worker thread: PIL work blocks)."""
     try:
-        im = decode_image(raw)
+        im = decode_image(raw)  # refused here, next to the field, before anything is sent
     except DeskpodError as e:
         raise _FieldError("image", e) from None
-    x, seen = to_input(im, c, h, w)
+    x, seen, shape = _model_input(raw, im, c, h, w, as_image)
     source = {"source": "upload", "filename": filename, "width": im.width, "height": im.height}
     shown = data_url(im, 112, upscale=True) if max(im.size) < 112 else data_url(im)
-    return {"x": x, "source": source, "shown": shown, "seen": data_url(seen, 112, upscale=True)}
+    return {"x": x, "source": source, "shape": shape, "shown": shown,
+            "seen": None if seen is None else data_url(seen, 112, upscale=True)}  # fmt: skip
 
 
-def _prepare_sample(web: Any, index: int, c: int, h: int, w: int) -> dict[str, Any]:
-    """A test sample as the model's input, with its true label (a worker thread: reading t10k blocks)."""
+def _prepare_sample(
+    web: Any, index: int, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A test sample as the model's input, with its true label (a worker thread: reading t10k blocks); for an image
+    model, as a PNG file."""
     im, label, label_name = test_sample(web, index)
-    x, seen = to_input(im, c, h, w)
+    raw = b""
+    if as_image is not None:
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        raw = buf.getvalue()
+    x, seen, shape = _model_input(raw, im, c, h, w, as_image)
     source = {"source": "sample", "sample": index, "true_label": label_name, "true_index": label}
     return {
         "x": x,
         "source": source,
+        "shape": shape,
         "shown": data_url(im, 112, upscale=True),
-        "seen": None if seen.size == im.size else data_url(seen, 112, upscale=True),  # else: the same picture
+        "seen": None if seen is None or seen.size == im.size else data_url(seen, 112, upscale=True),
     }
 
 

@@ -1,0 +1,249 @@
+"""gRPC against HTTP on one `deskpod serve` process: per-request overhead and throughput, MLP at batch 1.
+
+    .venv/bin/python benchmarks/serve_grpc_vs_http.py --duration 3 --repeats 3 --out /tmp/grpc_vs_http.json
+
+One server process (`deskpod serve REPO --port 0 --grpc-port 0`, its default event loop) serves the MLP of
+serve_vs_triton.py (784-512-512-10, ONNX, max batch 32, queue delay 0 µs, 1 instance, 2 intra-op threads)
+over both protocols at once, so both go through the same batcher and runtime. Before anything is timed, one
+answer over each protocol (official tritonclient.http and tritonclient.grpc) is checked against a direct
+ONNX Runtime call on the same input.
+
+Measured, as paired ratios within this run (the 2 cores are shared, absolute numbers drift):
+  * overhead per request = protocol p50 at concurrency 1 - direct ONNX Runtime p50 (same settings, this process),
+    with deskpod's load generator (its own process; `deskpod bench serve --protocol ...`), the two protocols back
+    to back per repeat, order alternating; the ratio gRPC / HTTP is the median of the per-repeat ratios;
+  * the same with the official clients, a plain loop of synchronous ``infer`` calls (tritonclient.http with
+    binary tensors, tritonclient.grpc with raw contents) in this process;
+  * throughput at 32 clients with the load generator, gRPC / HTTP, and the server's CPU time per request there
+    (user + system from /proc/PID/stat over the level, divided by the requests answered): the server's own cost,
+    free of the client's.
+Prints a table and JSON; writes the JSON to --out when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS = 2
+SHAPE = (1, 28, 28)
+
+
+def build_repo(repo: Path) -> Path:
+    import torch
+
+    from deskpod.serve.export import ExportOptions, export_model
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(784, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+    opts = ExportOptions(repo=repo, name="mlp", max_batch_size=32, max_queue_delay_us=0, threads=THREADS)
+    return export_model(net, SHAPE, opts) / "model.onnx"
+
+
+def start_server(repo: Path, port_file: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-c", "import sys; from deskpod.cli import main; sys.exit(main(sys.argv[1:]))"]
+    proc = subprocess.Popen(
+        [*cmd, "serve", str(repo), "--port", "0", "--grpc-port", "0", "--port-file", str(port_file)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"deskpod serve exited with {proc.returncode} before it was ready")
+        try:
+            if json.loads(port_file.read_text()).get("ready"):
+                return proc
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("deskpod serve was not ready within 180 s")
+
+
+def direct_ort(path: Path, x: np.ndarray, n: int = 2000) -> tuple[float, np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    y = s.run(["logits"], {"input": x})[0]
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        s.run(["logits"], {"input": x})
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000, y
+
+
+def clients(urls: dict[str, str]) -> dict[str, Any]:
+    """A synchronous infer call per protocol, with the official clients: name -> call(x) -> logits."""
+    import tritonclient.grpc as g
+    import tritonclient.http as h
+
+    hc, gc = h.InferenceServerClient(urls["http"]), g.InferenceServerClient(urls["grpc"])
+
+    def http(x: np.ndarray) -> np.ndarray:
+        i = h.InferInput("input", list(x.shape), "FP32")
+        i.set_data_from_numpy(x, binary_data=True)
+        return hc.infer("mlp", [i], outputs=[h.InferRequestedOutput("logits", binary_data=True)]).as_numpy("logits")  # type: ignore[no-any-return]
+
+    def grpc(x: np.ndarray) -> np.ndarray:
+        i = g.InferInput("input", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        return gc.infer("mlp", [i], outputs=[g.InferRequestedOutput("logits")]).as_numpy("logits")  # type: ignore[no-any-return]
+
+    return {"http": http, "grpc": grpc}
+
+
+def client_p50_ms(call: Any, x: np.ndarray, seconds: float) -> float:
+    for _ in range(50):
+        call(x)
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        call(x)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def loadgen(url: str, protocol: str, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+    """`deskpod bench serve` in its own process (the client must not share this process's GIL)."""
+    cmd = [sys.executable, "-c", "import sys; from deskpod.cli import main; sys.exit(main(sys.argv[1:]))"]
+    args = ["bench", "serve", "--protocol", protocol, "--url", url, "--model", "mlp", "--concurrency"]
+    out = subprocess.run(
+        [*cmd, *args, str(concurrency), "--duration", str(duration), "--warmup", str(warmup), "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    row: dict[str, Any] = json.loads(out)[0]
+    if row["errors"] or not row["ok"]:
+        raise SystemExit(f"{protocol} at {concurrency} clients: {row['ok']} ok, errors {row['errors']}")
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--duration", type=float, default=3.0, help="measured seconds per level and protocol")
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="deskpod-grpc-bench-") as tmp:
+        onnx_path = build_repo(Path(tmp) / "repo")
+        x = np.random.default_rng(0).random((1, *SHAPE), dtype=np.float32)
+        direct_ms, want = direct_ort(onnx_path, x)
+        proc = start_server(Path(tmp) / "repo", Path(tmp) / "serve.json")
+        try:
+            doc = json.loads((Path(tmp) / "serve.json").read_text())
+            urls = {"http": doc["url"].removeprefix("http://"), "grpc": doc["grpc"]}
+            calls = clients(urls)
+            for name, call in calls.items():  # correctness, outside anything timed
+                np.testing.assert_allclose(call(x), want, rtol=1e-4, atol=1e-5, err_msg=f"{name} answer is wrong")
+            rows: list[dict[str, Any]] = []
+            for rep in range(a.repeats):
+                order = ["http", "grpc"] if rep % 2 == 0 else ["grpc", "http"]
+                for c in (1, 32):
+                    for p in order:
+                        c0 = cpu_s(proc.pid)
+                        r = loadgen(urls[p], p, c, a.duration, a.warmup)
+                        r["server_cpu_s"] = cpu_s(proc.pid) - c0  # over warm-up and measured part
+                        r["server_us_per_request"] = (
+                            r["server_cpu_s"] / (r["ok"] * (a.duration + a.warmup) / a.duration) * 1e6
+                        )
+                        rows.append({"tool": "loadgen", "protocol": p, "clients": c, "repeat": rep, **r})
+                for p in order:
+                    p50 = client_p50_ms(calls[p], x, a.duration)
+                    rows.append({"tool": "tritonclient", "protocol": p, "clients": 1, "repeat": rep, "p50_ms": p50})
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    summary = summarize(rows, direct_ms, a.repeats)
+    print(table(summary))
+    print(json.dumps(summary))
+    if a.out is not None:
+        a.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
+
+
+def summarize(rows: list[dict[str, Any]], direct_ms: float, repeats: int) -> dict[str, Any]:
+    def get(tool: str, p: str, c: int, rep: int) -> dict[str, Any]:
+        return next(r for r in rows if (r["tool"], r["protocol"], r["clients"], r["repeat"]) == (tool, p, c, rep))
+
+    out: dict[str, Any] = {"direct_ort_p50_ms": round(direct_ms, 4)}
+    for tool in ("loadgen", "tritonclient"):
+        over = {p: [get(tool, p, 1, i)["p50_ms"] - direct_ms for i in range(repeats)] for p in ("http", "grpc")}
+        ratios = [g / h for g, h in zip(over["grpc"], over["http"], strict=True)]
+        out[f"{tool}_overhead_ms"] = {p: round(statistics.median(v), 4) for p, v in over.items()}
+        out[f"{tool}_grpc_over_http"] = {
+            "median": round(statistics.median(ratios), 3),
+            "per_repeat": [round(r, 3) for r in ratios],
+        }
+    tput = {p: [get("loadgen", p, 32, i)["throughput"] for i in range(repeats)] for p in ("http", "grpc")}
+    ratios = [g / h for g, h in zip(tput["grpc"], tput["http"], strict=True)]
+    out["throughput_32"] = {p: round(statistics.median(v), 1) for p, v in tput.items()}
+    out["p99_32_ms"] = {
+        p: round(statistics.median(get("loadgen", p, 32, i)["p99_ms"] for i in range(repeats)), 3)
+        for p in ("http", "grpc")
+    }
+    out["server_us_per_request_32"] = {
+        p: round(statistics.median(get("loadgen", p, 32, i)["server_us_per_request"] for i in range(repeats)), 1)
+        for p in ("http", "grpc")
+    }
+    out["throughput_32_grpc_over_http"] = {
+        "median": round(statistics.median(ratios), 3),
+        "per_repeat": [round(r, 3) for r in ratios],
+    }
+    return out
+
+
+def table(s: dict[str, Any]) -> str:
+    lines = [f"direct ONNX Runtime p50: {s['direct_ort_p50_ms']:.4f} ms"]
+    lines.append(f"{'measure':<34}{'HTTP':>10}{'gRPC':>10}  gRPC/HTTP (per repeat)")
+    for tool in ("loadgen", "tritonclient"):
+        o, r = s[f"{tool}_overhead_ms"], s[f"{tool}_grpc_over_http"]
+        lines.append(
+            f"{'overhead ms, ' + tool:<34}{o['http']:>10.3f}{o['grpc']:>10.3f}  {r['median']:.2f} {r['per_repeat']}"
+        )
+    t, r = s["throughput_32"], s["throughput_32_grpc_over_http"]
+    lines.append(
+        f"{'req/s at 32 clients, loadgen':<34}{t['http']:>10.1f}{t['grpc']:>10.1f}  {r['median']:.2f} {r['per_repeat']}"
+    )
+    u = s["server_us_per_request_32"]
+    lines.append(
+        f"{'server CPU us/request, 32 clients':<34}{u['http']:>10.1f}{u['grpc']:>10.1f}  {u['grpc'] / u['http']:.2f}"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
