@@ -127,18 +127,43 @@ def prepare_script(
         raise ConfigError(f"--max-restarts {max_restarts}: expected a whole number from 0 to 100")
     if not stall_after_s > 0:
         raise ConfigError(f"--stall-after {stall_after_s}: expected seconds > 0")
-    name = name or default_name(target)
-    if not NAME_RE.match(name):
+    if name is not None and not NAME_RE.match(name):
         raise ConfigError(
             f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     world = slurm_world(nodes) if nodes > 1 else None
     kind, chosen, pins = resolve_devices(str(devices), inventory=inventory, env=env)
-    run_dir = (Path(out) / name).resolve()
+    if name is None:
+        name, run_dir = _claim_folder(Path(out), default_name(target))
+    else:
+        run_dir = (Path(out) / name).resolve()
     return ScriptRun(resolved, name, run_dir, kind, chosen, pins, max_restarts, stall_after_s, world)
 
 
+def _claim_folder(out: Path, base: str) -> tuple[str, Path]:
+    """A run folder of its own for a run without ``--name``: two started in the same second (one name) get
+    ``base`` and ``base-2``; the folder is made here, so two launchers never pick the same one."""
+    out.mkdir(parents=True, exist_ok=True)
+    for k in range(1, 1000):
+        name = base if k == 1 else f"{base}-{k}"
+        try:
+            (out / name).mkdir()
+        except FileExistsError:
+            continue
+        return name, (out / name).resolve()
+    raise ConfigError(f"--out {str(out)!r}: 999 runs named {base}-N already; give one with --name")
+
+
 def _write_run_file(run: ScriptRun) -> None:
+    if run.logs.is_dir() and any(run.logs.iterdir()):
+        # A named run started again: the last launch's logs move aside whole (logs-<when>/), so this
+        # launch's attempts start from 0 in a clean folder and nothing of the earlier one is lost.
+        when = datetime.fromtimestamp(run.logs.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+        aside = run.run_dir / f"logs-{when}"
+        k = 2
+        while aside.exists():
+            aside, k = run.run_dir / f"logs-{when}-{k}", k + 1
+        run.logs.rename(aside)
     run.logs.mkdir(parents=True, exist_ok=True)
     doc = {
         "target": list(run.target),

@@ -252,3 +252,18 @@ def test_submit_runs_the_script_as_a_pod_job(tmp_path: Path) -> None:
         assert "step 20 loss" in pod.client().log(job_id)[0].decode()
     finally:
         pods.stop_all()
+
+
+def test_runs_without_a_name_get_folders_of_their_own_and_a_named_rerun_keeps_the_last_logs(tmp_path: Path) -> None:
+    from deskpod.train.script import _write_run_file, prepare_script
+
+    script = write(tmp_path, "x.py", "print('hi')")
+    a, b = (prepare_script([str(script)], devices="1", out=tmp_path / "runs") for _ in range(2))
+    assert a.run_dir != b.run_dir and a.run_dir.is_dir() and b.run_dir.is_dir(), "the same second, two folders"
+    named = prepare_script([str(script)], devices="1", out=tmp_path / "runs", name="again")
+    _write_run_file(named)
+    (named.logs / "rank0.attempt0.stdout").write_text("the first launch\n")
+    _write_run_file(named)
+    assert not any(named.logs.iterdir()), "the second launch starts with empty logs"
+    kept = [p for p in named.run_dir.glob("logs-*/rank0.attempt0.stdout")]
+    assert [p.read_text() for p in kept] == ["the first launch\n"]
