@@ -76,7 +76,7 @@ typecheck: install
 	$(BIN)/mypy
 
 unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 bench: install data
 	$(BIN)/deskpod bench train
