@@ -18,7 +18,9 @@ It is ``deskpod train``'s launcher with the user's script in place of deskpod's 
 * **stalls**: a rank whose output has not grown for ``stall_after_s`` is named on stderr, with how
   long it has been quiet and when the others last wrote (again each time that doubles).
 
-A script reports metrics with `deskpod.train.log` (rank 0 appends to ``metrics.jsonl``).
+A script reports metrics with `deskpod.train.log` (rank 0 appends to ``metrics.jsonl``), or with
+TensorBoard's ``SummaryWriter`` writing under ``$DESKPOD_RUN_DIR``: the launcher copies those scalars
+into ``metrics.jsonl`` as they are flushed (`TensorBoardScalars`), for the dashboard's charts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
@@ -182,6 +185,50 @@ def _write_run_file(run: ScriptRun) -> None:
     os.replace(tmp, run.run_dir / RUN_FILE)
 
 
+class TensorBoardScalars:
+    """Copies the scalars a script writes with TensorBoard's ``SummaryWriter`` under its run folder into
+    ``metrics.jsonl`` (one line per step of each event file, ``{"kind": "train", "step": …, tag: value}``),
+    so the dashboard charts them as it charts `deskpod.train.log`'s. Each event file is read on from where
+    the last poll stopped."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._loaders: dict[Path, Any] = {}
+
+    def poll(self) -> int:
+        """Read what was appended to the event files; returns how many lines it wrote."""
+        try:
+            from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+            from tensorboard.util.tensor_util import make_ndarray
+        except ImportError:  # tensorboard is a dependency; without it there is nothing to copy
+            return 0
+        for path in self.run_dir.rglob("*tfevents*"):
+            if path.is_file() and path not in self._loaders:
+                self._loaders[path] = EventFileLoader(str(path))
+        lines: list[str] = []
+        for loader in self._loaders.values():
+            steps: dict[int, dict[str, Any]] = {}
+            for event in loader.Load():
+                for value in event.summary.value:
+                    if value.HasField("tensor"):
+                        number = make_ndarray(value.tensor)
+                        if number.size != 1:
+                            continue  # an image, histogram or text: not a curve
+                        scalar = float(number.reshape(()))
+                    elif value.HasField("simple_value"):
+                        scalar = float(value.simple_value)
+                    else:
+                        continue
+                    rec = steps.setdefault(int(event.step), {"kind": "train", "step": int(event.step),
+                                                             "time": round(float(event.wall_time), 3)})  # fmt: skip
+                    rec[value.tag] = scalar if math.isfinite(scalar) else None
+            lines += [json.dumps(r) for r in steps.values()]
+        if lines:
+            with (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+        return len(lines)
+
+
 class OutputWatch:
     """Follows the ranks' log files of this node while the group runs: copies global rank 0's output to the
     console and names ranks whose output has stopped growing (`ScriptRun.stall_after_s`)."""
@@ -196,6 +243,9 @@ class OutputWatch:
         self._warned: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="deskpod-run-watch", daemon=True)
+        # The first node's launcher speaks for the run: it also copies TensorBoard's scalars for the dashboard.
+        self.scalars = TensorBoardScalars(run.run_dir) if run.world is None or run.world.node_rank == 0 else None
+        self._next_scalars = 0.0
 
     def __enter__(self) -> OutputWatch:
         self._thread.start()
@@ -224,6 +274,9 @@ class OutputWatch:
             for path, stream in zip(self._files(0, self.attempt), (self.out, self.err), strict=True):
                 self._copy(path, stream)
         self._check_stalls(now)
+        if self.scalars is not None and (now >= self._next_scalars or self._stop.is_set()):
+            self._next_scalars = now + 2.0
+            self.scalars.poll()
 
     def _copy(self, path: Path, stream: TextIO) -> None:
         offset = self._offsets.get(path, 0)

@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .conftest import deskpod_cmd, deskpod_env, run_deskpod
@@ -174,13 +175,18 @@ def test_a_quiet_rank_is_named(tmp_path: Path) -> None:
         tmp_path,
         "quiet.py",
         """
-        import time
+        import os, time
         import torch.distributed as dist
+        from torch.utils.tensorboard import SummaryWriter
         dist.init_process_group("gloo")
+        tb = SummaryWriter(os.environ["DESKPOD_RUN_DIR"]) if dist.get_rank() == 0 else None
         for i in range(100):
-            if dist.get_rank() == 0:
+            if tb is not None:
                 print("tick", i, flush=True)
+                tb.add_scalar("train/tick", i * 0.5, i)
             time.sleep(0.1)
+        if tb is not None:
+            tb.close()
     """,
     )
     r = run_deskpod("run", "--devices", "2", "--stall-after", "4", "--name", "q", "--out", str(tmp_path), str(script),
@@ -190,6 +196,10 @@ def test_a_quiet_rank_is_named(tmp_path: Path) -> None:
     assert any(line.startswith("deskpod run: rank 1 has written nothing for") and "rank 0 wrote" in line
                for line in warned), r.err  # fmt: skip
     assert "tick 99" in r.out
+    # TensorBoard's scalars, written under DESKPOD_RUN_DIR, reach metrics.jsonl for the dashboard's charts.
+    rows = [json.loads(line) for line in (tmp_path / "q" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in rows) == list(range(100)) and {r["kind"] for r in rows} == {"train"}
+    assert all(r["train/tick"] == r["step"] * 0.5 for r in rows)
 
 
 @pytest.mark.parametrize(
@@ -267,3 +277,25 @@ def test_runs_without_a_name_get_folders_of_their_own_and_a_named_rerun_keeps_th
     assert not any(named.logs.iterdir()), "the second launch starts with empty logs"
     kept = [p for p in named.run_dir.glob("logs-*/rank0.attempt0.stdout")]
     assert [p.read_text() for p in kept] == ["the first launch\n"]
+
+
+def test_tensorboard_scalars_are_copied_once_each_as_they_are_flushed(tmp_path: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from deskpod.train.script import TensorBoardScalars
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    copy = TensorBoardScalars(tmp_path)
+    assert copy.poll() == 0
+    for step in range(3):
+        writer.add_scalar("loss", 1.0 / (step + 1), step)
+        writer.add_scalar("lr", 0.1, step)
+    writer.add_histogram("weights", np.arange(10.0), 0)  # not a curve: left out
+    writer.flush()
+    assert copy.poll() == 3
+    writer.add_scalar("loss", float("nan"), 3)
+    writer.close()
+    assert copy.poll() == 1 and copy.poll() == 0, "what was read is not read again"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[1]["loss"] == pytest.approx(0.5)
+    assert rows[0]["lr"] == pytest.approx(0.1) and "weights" not in rows[0] and rows[3]["loss"] is None
