@@ -55,13 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.submit:
         return submit(args)
-    if args.nodes > 1:
-        from deskpod.train.world import in_allocation, in_step, srun_argv
+    from deskpod.cli.train import once_per_node
 
-        if in_allocation() and not in_step():
-            # In the batch script or an salloc shell: the same command once per node, through srun.
-            argv = srun_argv(args.nodes, [sys.executable, "-m", "deskpod", *args.argv])
-            os.execv(argv[0], argv)
+    once_per_node(args.nodes, args.argv)
     job_dir = os.environ.get("DESKPOD_JOB_DIR")
     out = args.out or (os.path.join(job_dir, "runs") if job_dir else "runs")
     plan = prepare_script(target_of(args), devices=args.devices, nodes=args.nodes, max_restarts=args.max_restarts,

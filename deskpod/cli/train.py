@@ -76,15 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.submit:
         return submit(args)
 
-    if args.nodes > 1:
-        from deskpod.train.world import in_allocation, in_step, srun_argv
-
-        if in_allocation() and not in_step():
-            # In the batch script or an salloc shell: the same command once per node, through srun.
-            import os
-
-            argv = srun_argv(args.nodes, [sys.executable, "-m", "deskpod", *args.argv])
-            os.execv(argv[0], argv)
+    once_per_node(args.nodes, args.argv)
     plan = prepare(args.config, overrides_from(args), resume=args.resume, nodes=args.nodes)
     mode = pick_mode(args.quiet, args.json)
     follower = plan.world is not None and plan.world.node_rank > 0
@@ -92,6 +84,20 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet and not follower:
         print(format_summary(summary))
     return exit_code(plan, summary)
+
+
+def once_per_node(nodes: int, argv: list[str]) -> None:
+    """In an sbatch script or an salloc shell (not yet in a step), ``--nodes N`` means this same command once per
+    node: replace this process with it under srun (``deskpod train``, ``deskpod run``)."""
+    if nodes <= 1:
+        return
+    from deskpod.train.world import in_allocation, in_step, srun_argv
+
+    if in_allocation() and not in_step():
+        import os
+
+        full = srun_argv(nodes, [sys.executable, "-m", "deskpod", *argv])
+        os.execv(full[0], full)
 
 
 def submit(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -294,9 +294,9 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     (``deskpod bench train`` uses it to time only after warm-up); by default the first step is left out
     of runs longer than 10 steps.
     """
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     _write_run_folder(plan, mode, timing_skip_steps)
     # Every node writes the same launch.json (the workers' progress mode included: global rank 0, which
@@ -311,40 +311,23 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     progress.event("launch", run_dir=str(plan.run_dir), devices=[d.label for d in plan.devices],
                    text=f"deskpod: {what} → {plan.run_dir}")  # fmt: skip
     quiet_torchelastic()
-    saved_env = {k: os.environ.get(k) for k in _worker_env(plan)}
-    os.environ.update(_worker_env(plan))
     world = plan.world
     if world is not None:
         check_port_free(world)
-    config = LaunchConfig(
-        min_nodes=world.nodes if world else 1,
-        max_nodes=world.nodes if world else 1,
-        nproc_per_node=len(plan.devices),
-        run_id=world.run_id if world else f"deskpod-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
-        # One box: port 0, the OS picks a free one. Many nodes: the first node hosts the rendezvous on the
-        # port every node derives from the Slurm job id (see deskpod.train.world).
-        rdzv_endpoint=world.endpoint if world else "127.0.0.1:0",
-        rdzv_configs={"timeout": 300, **({"is_host": world.node_rank == 0} if world else {})},
-        max_restarts=plan.cfg.max_restarts,
-        monitor_interval=0.25,
-        start_method="spawn",
-        local_addr=world.local_addr if world else "127.0.0.1",
-        # The agent's error files live here; workers send their own stderr to this folder (see worker.py).
-        logs_specs=DefaultLogsSpecs(log_dir=str(plan.run_dir / "logs" / (f"node{world.node_rank}" if world else ""))),
-        shutdown_timeout=SHUTDOWN_GRACE_S,
-    )
+    # The agent's error files live in logs/; workers send their own stderr there too (see worker.py).
+    log_dir = plan.run_dir / "logs" / (f"node{world.node_rank}" if world else "")
+    config = launch_config(world, len(plan.devices), plan.cfg.max_restarts, log_dir, "deskpod")
     start = time.monotonic()
     stopped_by = 0
     previous = signal.signal(CHECKPOINT_SIGNAL, _forward_to_workers)
     try:
-        elastic_launch(config, sys.executable)("-m", "deskpod.train.worker", str(plan.run_dir))
+        with environment(_worker_env(plan)):
+            elastic_launch(config, sys.executable)("-m", "deskpod.train.worker", str(plan.run_dir))
     except ChildFailedError as e:
         _raise_bad_input(plan.run_dir)
         rank, failure = e.get_first_failure()
         cause = failure.message if isinstance(failure.message, str) else json.dumps(failure.message)
-        detail = failure.error_file_data.get("message", {}) if isinstance(failure.error_file_data, dict) else {}
-        trace = detail.get("extraInfo", {}).get("py_callstack") if isinstance(detail, dict) else None
+        trace = failure_traceback(failure)
         raise WorkerError(
             f"training failed: worker rank {rank} (pid {failure.pid}) exited with code {failure.exitcode}"
             f"{' (' + failure.signal_name() + ')' if failure.exitcode < 0 else ''} after {plan.cfg.max_restarts} "
@@ -355,14 +338,55 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
         stopped_by = int(e.sigval)
     finally:
         signal.signal(CHECKPOINT_SIGNAL, previous)
-        for k, v in saved_env.items():
+    _raise_bad_input(plan.run_dir)
+    wall = time.monotonic() - start
+    return _finish(plan, wall, stopped_by, progress)
+
+
+def launch_config(world: NodeWorld | None, nproc: int, max_restarts: int, log_dir: Path, run_id_prefix: str) -> Any:
+    """The elastic agent's `LaunchConfig` for one box or one node of many (``deskpod train``, ``deskpod run``)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    return LaunchConfig(
+        min_nodes=world.nodes if world else 1,
+        max_nodes=world.nodes if world else 1,
+        nproc_per_node=nproc,
+        run_id=world.run_id if world else f"{run_id_prefix}-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        # One box: port 0, the OS picks a free one. Many nodes: the first node hosts the rendezvous on the
+        # port every node derives from the Slurm job id (see deskpod.train.world).
+        rdzv_endpoint=world.endpoint if world else "127.0.0.1:0",
+        rdzv_configs={"timeout": 300, **({"is_host": world.node_rank == 0} if world else {})},
+        max_restarts=max_restarts,
+        monitor_interval=0.25,
+        start_method="spawn",
+        local_addr=world.local_addr if world else "127.0.0.1",
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+    )
+
+
+@contextlib.contextmanager
+def environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment while the agent starts workers (they inherit it), then as before."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    _raise_bad_input(plan.run_dir)
-    wall = time.monotonic() - start
-    return _finish(plan, wall, stopped_by, progress)
+
+
+def failure_traceback(failure: Any) -> str | None:
+    """The traceback a failed worker recorded in its torch elastic error file, if it wrote one."""
+    detail = failure.error_file_data.get("message", {}) if isinstance(failure.error_file_data, dict) else {}
+    trace = detail.get("extraInfo", {}).get("py_callstack") if isinstance(detail, dict) else None
+    return str(trace) if trace else None
 
 
 def _forward_to_workers(signum: int, _frame: object) -> None:

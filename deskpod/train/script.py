@@ -34,7 +34,6 @@ import re
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,7 +43,15 @@ from typing import Any, TextIO
 from deskpod.environment import Environment
 from deskpod.errors import ConfigError, UsageError, WorkerError
 from deskpod.hardware.devices import Device, Inventory
-from deskpod.train.launcher import SHUTDOWN_GRACE_S, quiet_torchelastic, rank_affinity_map, resolve_devices, worker_env
+from deskpod.train.launcher import (
+    environment,
+    failure_traceback,
+    launch_config,
+    quiet_torchelastic,
+    rank_affinity_map,
+    resolve_devices,
+    worker_env,
+)
 from deskpod.train.world import NodeWorld, check_port_free, slurm_world
 
 RUN_FILE = "run.json"
@@ -329,43 +336,27 @@ def format_span(seconds: float) -> str:
 def launch_script(run: ScriptRun, *, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
     """Run the script's ranks to the end; the summary (also ``summary.json``). `WorkerError` when restarts run
     out: the rank that failed first, its exit code and traceback."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     out, err = out or sys.stdout, err or sys.stderr
     _write_run_file(run)
     quiet_torchelastic()
-    env = {**worker_env(run.kind, run.devices), "DESKPOD_RUN_DIR": str(run.run_dir)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     world = run.world
     if world is not None:
         check_port_free(world)
-    config = LaunchConfig(
-        min_nodes=world.nodes if world else 1,
-        max_nodes=world.nodes if world else 1,
-        nproc_per_node=len(run.devices),
-        run_id=world.run_id if world else f"deskpod-run-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=world.endpoint if world else "127.0.0.1:0",
-        rdzv_configs={"timeout": 300, **({"is_host": world.node_rank == 0} if world else {})},
-        max_restarts=run.max_restarts,
-        monitor_interval=0.25,
-        local_addr=world.local_addr if world else "127.0.0.1",
-        logs_specs=DefaultLogsSpecs(log_dir=str(run.logs / "agent")),
-        shutdown_timeout=SHUTDOWN_GRACE_S,
-    )
+    config = launch_config(world, len(run.devices), run.max_restarts, run.logs / "agent", "deskpod-run")
+    env = {**worker_env(run.kind, run.devices), "DESKPOD_RUN_DIR": str(run.run_dir)}
     start = time.monotonic()
     state, code = "completed", 0
     watch = OutputWatch(run, out, err)
     try:
-        with watch:
+        with environment(env), watch:
             elastic_launch(config, sys.executable)("-m", "deskpod.train.script_worker", str(run.run_dir))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        detail = failure.error_file_data.get("message", {}) if isinstance(failure.error_file_data, dict) else {}
-        trace = detail.get("extraInfo", {}).get("py_callstack") if isinstance(detail, dict) else None
+        trace = failure_traceback(failure)
         how = f"exit code {failure.exitcode}" + (f", {failure.signal_name()}" if failure.exitcode < 0 else "")
         _write_summary(run, "failed", failure.exitcode, watch.attempt, time.monotonic() - start, rank)
         raise WorkerError(
@@ -376,12 +367,6 @@ def launch_script(run: ScriptRun, *, out: TextIO | None = None, err: TextIO | No
         ) from None
     except SignalException as e:
         state, code = "stopped", 128 + int(e.sigval)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return _write_summary(run, state, code, watch.attempt, time.monotonic() - start, None)
 
 

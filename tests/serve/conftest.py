@@ -97,10 +97,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     try:
         yield Server(port, repo, proc, mlp)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, 20 s, then SIGKILL; its log pipe closed."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

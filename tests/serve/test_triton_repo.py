@@ -7,7 +7,6 @@ Triton's own config text; a TensorRT model and a KIND_GPU one beside them that d
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 import warnings
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from deskpod.serve.batcher import BatchQueue, Pending
 from deskpod.serve.registry import ModelRegistry
 from deskpod.serve.repository import model_names, parse_triton_config, read_config, versions_to_load, write_config
 from deskpod.serve.runtimes import OnnxRuntime, instance_devices
-from tests.serve.conftest import make_mlp, start_server, torch
+from tests.serve.conftest import make_mlp, start_server, stop_server, torch
 
 tritonclient_http = pytest.importorskip("tritonclient.http")
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -122,13 +121,7 @@ def triton_repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonRepo
     try:
         yield TritonRepo(repo, port, mlp)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_server(proc)
 
 
 def infer(t: TritonRepo, model: str, x: np.ndarray, name: str = "input", out: str = "logits") -> np.ndarray:
