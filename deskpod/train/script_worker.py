@@ -4,7 +4,9 @@ It sends its stdout and stderr to ``logs/rank<R>.attempt<N>.stdout`` / ``.stderr
 launcher can follow them), applies the rank's NIC and cores, writes ``workers/rank<R>.pid`` and then runs
 the user's script as ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) would: as ``__main__``, with
 ``sys.argv`` and ``sys.path[0]`` as Python sets them. An exception the script raises is recorded with its
-traceback for the launcher (torch elastic's error file), which reports the first failing rank's once.
+traceback for the launcher (torch elastic's error file), which reports the first failing rank's once. The
+rank then ends without the interpreter's finalization (`exit_without_finalizing`), where torch's Gloo threads
+can abort a process whose script succeeded.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from deskpod.hardware.affinity import pin_rank
-from deskpod.processes import die_with_parent
+from deskpod.processes import die_with_parent, exit_without_finalizing
 
 
 def _output_to_logs(folder: Path, rank: int) -> None:
@@ -83,11 +85,23 @@ def main() -> None:
     sys.path.pop(0)  # this module's folder: the script gets the path `python SCRIPT` would give it
     try:
         _run_target(list(launch["target"]))
-    except SystemExit:
-        raise
+    except SystemExit as e:
+        exit_without_finalizing(_exit_status(e.code))
     except BaseException as e:  # KeyboardInterrupt included: the script's failure, reported as its own
         _record(e)
-        raise SystemExit(1) from None
+        exit_without_finalizing(1)
+    exit_without_finalizing(0)
+
+
+def _exit_status(code: object) -> int:
+    """The exit status Python gives ``sys.exit(code)``: None is 0, an int is itself, anything else is printed
+    to stderr and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

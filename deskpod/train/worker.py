@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from deskpod.errors import UsageError
 from deskpod.hardware.affinity import pin_rank
-from deskpod.processes import die_with_parent
+from deskpod.processes import die_with_parent, exit_without_finalizing
 from deskpod.train.runs import RunPaths, read_json
 
 
@@ -89,4 +89,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_without_finalizing(main())
