@@ -24,7 +24,7 @@ FORMATS = ("onnx", "torch")
 """``--format`` choices; the first is the default."""
 EXPORT_DEFAULTS = {"max_batch_size": 32, "max_queue_delay_us": 2000, "instances": 1}
 """What ``--export`` uses for a flag that is not given (the same defaults as ``deskpod export``)."""
-OPTION_KEYS = ("format", "max_batch_size", "max_queue_delay_us", "instances", "threads")
+OPTION_KEYS = ("format", "max_batch_size", "max_queue_delay_us", "instances", "threads", "image_input")
 SOURCE_FILE = "source.json"
 """Beside each exported version: the checkpoint it came from and the options it was exported with."""
 
@@ -57,6 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--max-batch-size", type=int, default=None, help="largest batch the batcher forms (default 32)")
     g.add_argument("--max-queue-delay-us", type=int, default=None, help="longest wait for a batch (default 2000)")
     g.add_argument("--instances", type=int, default=None, help="model copies executing concurrently (default 1)")
+    g.add_argument(
+        "--image-input", action="store_true",
+        help="the model takes encoded JPEG/PNG and the server applies RUN's evaluation transform (see deskpod export)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         given = [f for f in ("name", "format", "max_batch_size", "max_queue_delay_us", "instances")
                  if getattr(args, f) is not None]  # fmt: skip
+        if args.image_input:
+            given.append("image_input")
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} goes with --export RUN (it sets how RUN is exported)")
     model_names(config.repo)  # a missing repository is bad input: say so before binding
@@ -137,7 +143,7 @@ def export_options(args: argparse.Namespace) -> Any:
     return ExportOptions(
         repo=args.repo, name=name, format=args.format or FORMATS[0], threads=len(slots) if slots else 0,
         max_batch_size=numbers["max_batch_size"], max_queue_delay_us=numbers["max_queue_delay_us"],
-        instances=numbers["instances"],
+        instances=numbers["instances"], image_input=args.image_input,
     )  # fmt: skip
 
 

@@ -575,13 +575,15 @@ class Pod:
 
 def serve_argv(serve: dict[str, Any] | Any, folder: Path) -> list[str]:
     """``deskpod serve`` for a ``[serve]`` job: export the run into the job's own repository, serve it on a
-    free loopback port, and write where it listens to ``serve.json`` in the job's folder."""
+    free loopback port (and gRPC on another, with ``grpc``), and write where it listens to ``serve.json`` in the
+    job's folder."""
     s = serve
     return [
         sys.executable, "-m", "deskpod", "serve", str(folder / "models"),
         "--export", str(s["run"]), "--name", str(s["model"]), "--format", str(s["format"]),
         "--max-batch-size", str(s["max_batch_size"]), "--max-queue-delay-us", str(s["max_queue_delay_us"]),
         "--instances", str(s["instances"]), "--port", "0", "--port-file", str(folder / "serve.json"),
+        *(["--image-input"] if s.get("image_input") else []), *(["--grpc-port", "0"] if s.get("grpc") else []),
     ]  # fmt: skip
 
 

@@ -40,6 +40,8 @@ runs ``deskpod serve`` on it (v2 protocol on 127.0.0.1, a port of its own, writt
     max_batch_size = 32
     max_queue_delay_us = 2000
     instances = 1
+    image_input = false              # true: the model takes JPEG/PNG (decoded with the run's own transform)
+    grpc = false                     # true: also the v2 gRPC service, on a port of its own ("grpc" in serve.json)
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ SLURM_DEFAULTS: dict[str, Any] = {"signal_before_s": 120, "max_requeues": 20, "m
 KINDS = ("command", "train", "serve")
 """A spec has exactly one of these fields; it says what the job runs."""
 SERVE_FORMATS = ("onnx", "torch")
-SERVE_FIELDS = ("run", "model", "format", "max_batch_size", "max_queue_delay_us", "instances")
+SERVE_FIELDS = ("run", "model", "format", "max_batch_size", "max_queue_delay_us", "instances", "image_input", "grpc")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -356,7 +358,16 @@ def _serve(t: object) -> dict[str, Any]:
         "max_batch_size": _int(t, "max_batch_size", 32, 1, 4096, "serve."),
         "max_queue_delay_us": _int(t, "max_queue_delay_us", 2000, 0, 10_000_000, "serve."),
         "instances": _int(t, "instances", 1, 1, 64, "serve."),
+        "image_input": _flag(t, "image_input"),
+        "grpc": _flag(t, "grpc"),
     }
+
+
+def _flag(t: Mapping[str, Any], key: str) -> bool:
+    v = t.get(key, False)
+    if not isinstance(v, bool):
+        raise _bad(f"serve.{key}", v, f"expected true or false, e.g. {key} = true")
+    return v
 
 
 def _name_from_argv(command: tuple[str, ...], default: str) -> str:
@@ -459,6 +470,11 @@ SPEC_SCHEMA: dict[str, Any] = {
                 "max_batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
                 "max_queue_delay_us": {"type": "integer", "minimum": 0, "maximum": 10_000_000},
                 "instances": {"type": "integer", "minimum": 1, "maximum": 64},
+                "image_input": {
+                    "type": "boolean",
+                    "description": "the model takes encoded JPEG/PNG, decoded with the run's own transform",
+                },
+                "grpc": {"type": "boolean", "description": "also serve the v2 gRPC service (its address: serve.json)"},
             },
         },
         "devices": {

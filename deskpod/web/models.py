@@ -104,6 +104,16 @@ def loopback_url(url: object) -> str | None:
     return f"http://127.0.0.1:{port}"
 
 
+def loopback_address(address: object) -> str | None:
+    """A gRPC ``address`` if it is ``127.0.0.1:PORT``, else None (a deployment listens on loopback only)."""
+    if not isinstance(address, str):
+        return None
+    host, _, port = address.partition(":")
+    if host != "127.0.0.1" or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return f"127.0.0.1:{int(port)}"
+
+
 def train_job_of(web: Any, who: Viewer, run: str) -> str | None:
     """The id of the train job whose run folder ``run`` is, if it is one and the viewer may see it."""
     try:
@@ -195,7 +205,9 @@ def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = T
         "run": s.get("run"),
         "run_name": Path(str(s.get("run", ""))).name,
         "train_job": train_job_of(web, who, str(s.get("run", ""))),
+        "image_input": bool(s.get("image_input")),
         "url": None,
+        "grpc": None,
         "pid": None,
         "ready": False,
         "status": "queued",
@@ -216,7 +228,7 @@ def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = T
     row["status"], row["detail"] = "starting", "exporting the run's latest checkpoint"
     if doc is None or url is None:
         return row
-    row["url"], row["pid"] = url, doc.get("pid")
+    row["url"], row["pid"], row["grpc"] = url, doc.get("pid"), loopback_address(doc.get("grpc"))
     if not doc.get("ready"):
         row["detail"] = "loading the model"
         return row
@@ -267,8 +279,11 @@ def models_data(
 ) -> dict[str, Any]:
     """The Models page's data: the deployments, the runs that can be deployed, the Deploy form's values."""
     runs = deployable(web, who)
-    values = {"job": runs[0]["id"] if runs else "", "devices": "1", "format": FORMATS[0], "max_batch_size": "32"}
+    values: dict[str, Any] = {"job": runs[0]["id"] if runs else "", "devices": "1", "format": FORMATS[0],
+                              "max_batch_size": "32", "image_input": False, "grpc": False}  # fmt: skip
     values.update({k: v for k, v in (form or {}).items() if k in values})
+    for flag in ("image_input", "grpc"):  # a checkbox sends "true" when ticked and nothing when not
+        values[flag] = values[flag] in (True, "true")
     data: dict[str, Any] = {
         "deployments": deployments(web, who),
         "runs": runs,
@@ -318,8 +333,9 @@ def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | N
     spec = {
         "name": f"serve-{name}"[:64],
         "devices": devices,
-        "serve": {"run": str(run), "model": name, "format": fmt, "max_batch_size": batch},
-    }
+        "serve": {"run": str(run), "model": name, "format": fmt, "max_batch_size": batch,
+                  "image_input": fields.get("image_input") == "true", "grpc": fields.get("grpc") == "true"},
+    }  # fmt: skip
     try:
         return web.pod.submit(who.user, spec), {}
     except DeskpodError as e:

@@ -28,8 +28,19 @@ def test_a_serve_spec_gets_its_defaults_and_round_trips() -> None:
     spec = parse_spec({"serve": {"run": "/srv/runs/my run"}})
     assert spec.kind == "serve" and spec.name == "serve-my-run"
     assert spec.serve == {"run": "/srv/runs/my run", "model": "my-run", "format": "onnx", "max_batch_size": 32,
-                          "max_queue_delay_us": 2000, "instances": 1}  # fmt: skip
+                          "max_queue_delay_us": 2000, "instances": 1, "image_input": False,
+                          "grpc": False}  # fmt: skip
     assert parse_spec(spec.to_json()) == spec
+
+
+def test_a_serve_job_runs_deskpod_serve_with_its_settings(tmp_path: Path) -> None:
+    from deskpod.jobs.pod import serve_argv
+
+    plain = serve_argv(parse_spec({"serve": {"run": "/r/a"}}).serve, tmp_path)
+    assert "--image-input" not in plain and "--grpc-port" not in plain
+    assert plain[plain.index("--port-file") + 1] == str(tmp_path / "serve.json")
+    both = serve_argv(parse_spec({"serve": {"run": "/r/a", "image_input": True, "grpc": True}}).serve, tmp_path)
+    assert both[: len(plain)] == plain and both[len(plain) :] == ["--image-input", "--grpc-port", "0"]
 
 
 BAD = [
@@ -73,6 +84,8 @@ BAD = [
     ({"serve": {"run": "/r", "format": "tensorrt"}}, "serve.format"),
     ({"serve": {"run": "/r", "max_batch_size": 0}}, "serve.max_batch_size"),
     ({"serve": {"run": "/r", "instances": 1000}}, "serve.instances"),
+    ({"serve": {"run": "/r", "grpc": "yes"}}, "serve.grpc = 'yes' is not valid; expected true or false"),
+    ({"serve": {"run": "/r", "image_input": 1}}, "serve.image_input = 1 is not valid"),
 ]
 
 

@@ -357,15 +357,26 @@ def test_train_deploy_try_stop(web_pod: Pod, admin: httpx.Client) -> None:
         assert f'aria-describedby="{field}-error"' in html, field
         assert f'<span class="error" id="{field}-error" role="alert">{message}' in html, field
     assert 'value="many"' in html  # what was typed stays in the form
+    # Deployed to take images as they are (the server decodes them) and to speak gRPC as well.
     r = admin.post("/ui/models/deploy", data={"csrf": csrf_of(admin, "/ui/models"), "job": train_id, "devices": "1",
-                                              "format": "onnx", "max_batch_size": "4"})  # fmt: skip
+                                              "format": "onnx", "max_batch_size": "4", "image_input": "true",
+                                              "grpc": "true"})  # fmt: skip
     assert r.status_code == 303 and r.headers["location"].startswith("/ui/models#deployment-")
     job_id = r.headers["location"].rsplit("-", 1)[1]
     job = api.job(job_id)
-    assert job["kind"] == "serve" and job["name"] == "serve-fm" and job["spec"]["serve"]["max_batch_size"] == 4
+    assert job["kind"] == "serve" and job["name"] == "serve-fm"
+    assert {k: job["spec"]["serve"][k] for k in ("max_batch_size", "image_input", "grpc")} == {
+        "max_batch_size": 4, "image_input": True, "grpc": True}  # fmt: skip
     try:
         d = wait_ready(admin, job_id)
-        assert d["train_job"] == train_id and d["metadata"]["labels"] == 10
+        assert d["train_job"] == train_id and d["metadata"]["labels"] == 10 and d["image_input"]
+        assert d["metadata"]["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": [-1]}]
+        import tritonclient.grpc as grpcclient
+
+        assert d["grpc"] and d["grpc"].startswith("127.0.0.1:")
+        with grpcclient.InferenceServerClient(d["grpc"]) as g:
+            assert g.is_model_ready("fm") and g.get_model_metadata("fm").inputs[0].datatype == "BYTES"
+        assert f"gRPC <code>{d['grpc']}</code>" in admin.get("/ui/models").text
         assert (web_pod.home / "jobs" / job_id / "serve.json").is_file()
         html = admin.get("/ui/models").text
         assert f'<a href="/ui/jobs/{train_id}">fm</a>' in html
