@@ -78,10 +78,6 @@ def test_resume_after_sigterm_matches_an_uninterrupted_run(tmp_path: Path) -> No
     cfg = config(tmp_path, steps=40, log_every_steps=2, checkpoint_every_steps=10)
     full = run_deskpod("train", "--config", str(cfg), "--out", str(tmp_path), "--name", "full")
     assert full.code == 0, full.err
-    run_deskpod("train", "--config", str(cfg), "--out", str(tmp_path), "--name", "again")
-    assert [m["loss"] for m in metrics(tmp_path / "again")] == [m["loss"] for m in metrics(tmp_path / "full")], (
-        "a fixed seed gives the same loss curve run after run"
-    )
 
     with spawn_deskpod("train", "--config", str(cfg), "--out", str(tmp_path), "--name", "cut") as proc:
         first = tmp_path / "cut/checkpoints/step-00000010.pt"
