@@ -97,8 +97,13 @@ def _apply(matrix: FloatArray, points_xyz: npt.ArrayLike) -> FloatArray:
     return out
 
 
-def register_rigid(current: Scan, prior: Scan, *, seed: int = 0) -> Registration:
-    """Register ``prior`` (moving) to ``current`` (fixed), rigidly; see the module docstring for the method."""
+def register_rigid(current: Scan, prior: Scan, *, seed: int = 1) -> Registration:
+    """Register ``prior`` (moving) to ``current`` (fixed), rigidly; see the module docstring for the method.
+
+    ``seed`` seeds the metric's random samples; it must not be 0, which SimpleITK reads as "seed from the
+    wall clock" (``sitkWallClock``): the same scans would then give a different answer run after run."""
+    if seed == sitk.sitkWallClock:
+        raise ValueError(f"seed {seed} is SimpleITK's wall-clock seed; give a fixed seed from 1 up")
     names = f"{prior.source or 'prior'} onto {current.source or 'current'}"
     for which, scan in (("current", current), ("prior", prior)):
         if scan.hu.size == 0 or float(scan.hu.max()) - float(scan.hu.min()) < MIN_RANGE_HU:

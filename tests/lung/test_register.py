@@ -163,7 +163,12 @@ def test_the_followup_phantom_pair_registers_onto_its_truth(tmp_path: Path) -> N
 
     out = write_followup(tmp_path / "followup", seed=1)
     truth = json.loads((out / "truth.json").read_text())
-    reg = register_rigid(read_scan(out / "current.mhd"), read_scan(out / "prior.mhd"))
+    current, prior = read_scan(out / "current.mhd"), read_scan(out / "prior.mhd")
+    reg = register_rigid(current, prior)
+    # Seeded samples: the same scans give the same map every time (seed 0 would be SimpleITK's wall clock).
+    np.testing.assert_allclose(register_rigid(current, prior).matrix, reg.matrix, rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="seed 0 is SimpleITK's wall-clock seed"):
+        register_rigid(current, prior, seed=0)
     both = [n for n in truth["nodules"] if n.get("prior") and n.get("current")]
     assert both  # the growing and the stable nodule are in both scans
     mapped = reg.prior_to_current([n["prior"]["world_xyz"] for n in both])
