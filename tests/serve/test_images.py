@@ -194,6 +194,18 @@ def test_transparency_and_mode_are_converted_as_trained() -> None:
     np.testing.assert_allclose(x3, 0.2, atol=1e-6)
 
 
+@pytest.mark.parametrize("size", [(224, 224), (300, 200), (199, 311), (256, 256), (64, 500)])
+def test_resize_and_crop_give_torchvisions_own_pixels(size: tuple[int, int]) -> None:
+    """The server resizes only the part its centre crop keeps; the pixels must be those of the run's transform."""
+    from torchvision import transforms
+
+    rng = np.random.default_rng(sum(size))
+    im = Image.fromarray((rng.random((size[1], size[0], 3)) * 255).astype(np.uint8))
+    want = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()])(im)
+    got = decode_image(encoded(im, "PNG"), for_run(3, 224, 224, "imagefolder:x"))
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-6)
+
+
 def huge_png_header(w: int, h: int) -> bytes:
     """A PNG that claims a w×h canvas: a valid signature and IHDR, then one empty IDAT (no pixels to decode)."""
 
