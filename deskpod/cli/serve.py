@@ -89,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"deskpod serve: {args.export} {what}: {version}", flush=True)
     else:
         given = [f for f in ("name", "format", "max_batch_size", "max_queue_delay_us", "instances")
-                 if getattr(args, f) is not None]  # fmt: skip
-        if args.image_input:
-            given.append("image_input")
+                 if getattr(args, f) is not None] + (["image_input"] if args.image_input else [])  # fmt: skip
         if given:
             raise UsageError(f"--{given[0].replace('_', '-')} goes with --export RUN (it sets how RUN is exported)")
     model_names(config.repo)  # a missing repository is bad input: say so before binding

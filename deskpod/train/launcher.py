@@ -189,10 +189,6 @@ def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None, tas
         ckpt.check_compatible(state, cfg.model, model, path)
 
 
-def _worker_env(plan: Plan) -> dict[str, str]:
-    return worker_env(plan.kind, plan.devices)
-
-
 def worker_env(kind: str, devices: Sequence[Device]) -> dict[str, str]:
     """What the launcher puts in its environment for the workers it starts: the threads of a CPU worker, the
     GPUs they may see."""
@@ -321,7 +317,7 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     stopped_by = 0
     previous = signal.signal(CHECKPOINT_SIGNAL, _forward_to_workers)
     try:
-        with environment(_worker_env(plan)):
+        with environment(worker_env(plan.kind, plan.devices)):
             elastic_launch(config, sys.executable)("-m", "deskpod.train.worker", str(plan.run_dir))
     except ChildFailedError as e:
         _raise_bad_input(plan.run_dir)

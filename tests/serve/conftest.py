@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -100,13 +101,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         stop_server(proc)
 
 
-def stop_server(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM, 20 s, then SIGKILL; its log pipe closed."""
+def stop_server(proc: subprocess.Popen[str], drain: threading.Thread | None = None) -> None:
+    """SIGTERM, 20 s, then SIGKILL; the thread reading its log (``drain``) joined, its log pipe closed."""
     proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    if drain is not None:
+        drain.join(timeout=20)
     if proc.stdout is not None:
         proc.stdout.close()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.serve.conftest import Server, torch
+from tests.serve.conftest import Server, stop_server, torch
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 httpclient = pytest.importorskip("tritonclient.http")
@@ -62,16 +62,7 @@ def both(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[B
         doc = json.loads(port_file.read_text())
         yield Both(doc["url"].removeprefix("http://"), doc["grpc"], server.repo, doc, server.model)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if drain is not None:
-            drain.join(timeout=20)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        stop_server(proc, drain)
 
 
 def gclient(both: Both) -> Any:
