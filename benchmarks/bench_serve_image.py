@@ -134,19 +134,36 @@ def per_request_ms(before: dict[str, Any], after: dict[str, Any]) -> dict[str, f
     return {"success": ms("success"), "compute_infer": ms("compute_infer"), "own": ms("success") - ms("compute_infer")}
 
 
-def time_decode(images: np.ndarray, pre: Any, n: int) -> tuple[float, float]:
-    """Median wall and thread-CPU milliseconds of `decode_images` over ``n`` calls (after 20 untimed)."""
+def time_decode(images: np.ndarray, pre: Any, n: int) -> dict[str, float]:
+    """Median wall and thread-CPU milliseconds of `decode_images` over ``n`` calls (after 20 untimed), and, call
+    by call alternating with it, of the reference: the run's own evaluation transform in torchvision (PIL decode,
+    ``Resize(256)``, ``CenterCrop(224)``, ``ToTensor``), which gives the same numbers (checked here)."""
+    from PIL import Image
+    from torchvision import transforms
+
     from deskpod.serve.images import decode_images
 
+    reference = transforms.Compose(
+        [transforms.Resize(pre.resize), transforms.CenterCrop(pre.height), transforms.ToTensor()]
+    )
+
+    def torchvision_decode(images: np.ndarray, _: Any = None) -> np.ndarray:
+        return np.stack([reference(Image.open(io.BytesIO(b)).convert("RGB")).numpy() for b in images])
+
+    ours, theirs = decode_images(images, pre), torchvision_decode(images, pre)
+    if not np.array_equal(np.rint(ours * 255), np.rint(theirs * 255)):  # the same 8-bit pixels (x/255 vs x*(1/255))
+        raise SystemExit("WRONG: decode_images gives other pixels than torchvision's transform")
     for _ in range(20):
         decode_images(images, pre)
-    wall, cpu = [], []
+        torchvision_decode(images, pre)
+    times: dict[str, list[float]] = {"wall": [], "cpu": [], "ref_wall": [], "ref_cpu": []}
     for _ in range(n):
-        c0, t0 = time.thread_time(), time.perf_counter()
-        decode_images(images, pre)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.thread_time() - c0)
-    return statistics.median(wall) * 1000, statistics.median(cpu) * 1000
+        for fn, key in ((decode_images, ""), (torchvision_decode, "ref_")):
+            c0, t0 = time.thread_time(), time.perf_counter()
+            fn(images, pre)
+            times[key + "wall"].append(time.perf_counter() - t0)
+            times[key + "cpu"].append(time.thread_time() - c0)
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
 
 def time_requests(conn: http.client.HTTPConnection, inputs: dict[str, dict[str, np.ndarray]], n: int) -> dict[str, Any]:
@@ -192,11 +209,13 @@ def main() -> int:
                 return 1
             time_requests(conn, inputs, 10)  # warm-up, untimed
             for _ in range(args.repeats):
-                wall, cpu = time_decode(inputs["resnet_image"]["image"], pre, args.requests)
+                d = time_decode(inputs["resnet_image"]["image"], pre, args.requests)
                 t = time_requests(conn, inputs, args.requests)
                 si, st = t["server"]["resnet_image"], t["server"]["resnet_tensor"]
                 rows.append({
-                    "decode_p50_ms": wall, "decode_cpu_p50_ms": cpu,
+                    "decode_p50_ms": d["wall"], "decode_cpu_p50_ms": d["cpu"],
+                    "torchvision_p50_ms": d["ref_wall"], "torchvision_cpu_p50_ms": d["ref_cpu"],
+                    "decode_vs_torchvision": d["cpu"] / d["ref_cpu"],
                     "server_own_image_ms": si["own"], "server_own_tensor_ms": st["own"],
                     "server_added_ms": si["own"] - st["own"], "compute_ms": st["compute_infer"],
                     "rtt_p50_image_ms": t["p50_ms"]["resnet_image"], "rtt_p50_tensor_ms": t["p50_ms"]["resnet_tensor"],
@@ -215,12 +234,15 @@ def main() -> int:
         "requests_each": args.requests,
         "repeats": rows,
         "median": median,
-        "checked": "image logits == tensor logits (rtol/atol 1e-4)",
+        "checked": "image logits == tensor logits (rtol/atol 1e-4); decode_images == torchvision transform (same 8-bit pixels)",
     }
     print(f"JPEG {len(jpeg)} bytes; tensor {result['tensor_bytes']} bytes; {args.requests} requests of each per repeat")
     labels = {
         "decode_p50_ms": "decode + preprocess in process, p50 ms",
         "decode_cpu_p50_ms": "  the same, thread CPU time, p50 ms",
+        "torchvision_p50_ms": "reference: torchvision's transform in process, p50 ms",
+        "torchvision_cpu_p50_ms": "  the same, thread CPU time, p50 ms",
+        "decode_vs_torchvision": "deskpod / torchvision, thread CPU time",
         "server_own_image_ms": "server own time (success - compute), image, mean ms",
         "server_own_tensor_ms": "server own time (success - compute), tensor, mean ms",
         "server_added_ms": "server own time added by the image, mean ms",

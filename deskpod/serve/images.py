@@ -27,6 +27,7 @@ labels), highest score first, the score printed as C++'s ``std::to_string(float)
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import os
@@ -167,7 +168,10 @@ def _converted(im: Any, channels: int) -> Any:
 
 
 def _sized(im: Any, pre: ImagePreprocess) -> Any:
-    """torchvision's ``Resize(resize)`` + ``CenterCrop((h, w))`` on a PIL image, or a plain resize to h×w."""
+    """torchvision's ``Resize(resize)`` + ``CenterCrop((h, w))`` on a PIL image, or a plain resize to h×w.
+
+    Where Pillow would compute the very same filter for the pixels the crop keeps, only those are resampled
+    (`_crop_box`): the same bytes for less work. Otherwise the whole image is resized and then cropped."""
     from PIL import Image
 
     w, h = im.size
@@ -176,12 +180,55 @@ def _sized(im: Any, pre: ImagePreprocess) -> Any:
         return im if im.size == size else im.resize(size, Image.Resampling.BILINEAR)
     short, long = (w, h) if w <= h else (h, w)
     new_short, new_long = pre.resize, int(pre.resize * long / short)
-    size = (new_short, new_long) if w <= h else (new_long, new_short)
-    if size != (w, h):
-        im = im.resize(size, Image.Resampling.BILINEAR)
-    w, h = im.size
-    top, left = round((h - pre.height) / 2.0), round((w - pre.width) / 2.0)  # torchvision's CenterCrop
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    top, left = round((new_h - pre.height) / 2.0), round((new_w - pre.width) / 2.0)  # torchvision's CenterCrop
+    box, size, (left, top) = _crop_box((w, h), (new_w, new_h), (left, top), (pre.width, pre.height))
+    if size != (w, h) or box != (0.0, 0.0, float(w), float(h)):
+        im = im.resize(size, Image.Resampling.BILINEAR, box=box)
     return im.crop((left, top, left + pre.width, top + pre.height))
+
+
+def _axis_box(n_in: int, n_out: int, offset: int, n_crop: int) -> tuple[float, float, int, int] | None:
+    """The source interval of output pixels [offset, offset + n_crop) of an ``n_in → n_out`` resample along one
+    axis, as (start, end, n_crop, 0), if Pillow's filter for them comes out bit for bit the same from it; else None.
+
+    Pillow's ``precompute_coeffs`` takes the box as C floats and computes ``scale = (double)(in1 - in0) / out``
+    and each pixel's ``center = in0 + (x + 0.5) * scale``; every tap and weight follows from those two values.
+    The whole-axis resample has ``in0 = 0`` and ``scale = n_in / n_out``."""
+    if n_in == n_out:
+        return None  # no pass along this axis at all
+    scale = n_in / n_out
+    in0, in1 = np.float32(offset * scale), np.float32((offset + n_crop) * scale)
+    box_scale = float(np.float32(in1 - in0)) / n_crop
+    x = np.arange(n_crop, dtype=np.float64) + 0.5
+    if box_scale != scale or not np.array_equal(float(in0) + x * box_scale, (x + offset) * scale):
+        return None
+    return float(in0), float(in1), n_crop, 0
+
+
+def _horizontal_first(size_in: tuple[int, int], size_out: tuple[int, int]) -> bool:
+    """Pillow's choice of pass order (``ImagingResampleInner``): vertical first when the height shrinks by more
+    than twice as many pixels as the width does. The order changes the rounding in between, so it must agree."""
+    dy, dx = size_in[1] - size_out[1], size_in[0] - size_out[0]
+    return not (dy > 0 and dy > dx * 2)
+
+
+@functools.lru_cache(maxsize=1024)
+def _crop_box(
+    size: tuple[int, int], resized: tuple[int, int], corner: tuple[int, int], crop: tuple[int, int]
+) -> tuple[tuple[float, float, float, float], tuple[int, int], tuple[int, int]]:
+    """What to resample for ``resize(resized)`` then a ``crop`` at ``corner``: (box, output size, corner within
+    that output). The cropped box alone where that gives identical pixels, else the whole image."""
+    full = [(0.0, float(n), r, c) for n, r, c in zip(size, resized, corner, strict=True)]
+    boxed = [_axis_box(n, r, c, k) for n, r, c, k in zip(size, resized, corner, crop, strict=True)]
+    order = _horizontal_first(size, resized)
+    for use in ((True, True), (True, False), (False, True)):
+        axes = [b if (u and b) else f for u, b, f in zip(use, boxed, full, strict=True)]
+        out = (axes[0][2], axes[1][2])
+        if axes != full and _horizontal_first(size, out) == order:
+            (x0, x1, w, left), (y0, y1, h, top) = axes
+            return (x0, y0, x1, y1), (w, h), (left, top)
+    return (0.0, 0.0, float(size[0]), float(size[1])), resized, corner
 
 
 def prepared_image(data: bytes, pre: ImagePreprocess, row: int = 0) -> Any:
@@ -189,11 +236,12 @@ def prepared_image(data: bytes, pre: ImagePreprocess, row: int = 0) -> Any:
     return _sized(_converted(_open(data, pre, row), pre.channels), pre)
 
 
-def decode_image(data: bytes, pre: ImagePreprocess, row: int = 0) -> np.ndarray:
-    """One encoded image as the network's input: FP32 (C, H, W) in [0, 1]. Raises `BadImage`."""
+def decode_image(data: bytes, pre: ImagePreprocess, row: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """One encoded image as the network's input: FP32 (C, H, W) in [0, 1], written into ``out`` when given.
+    Raises `BadImage`."""
     arr = np.asarray(prepared_image(data, pre, row), dtype=np.uint8)
     arr = arr[None] if pre.channels == 1 else arr.transpose(2, 0, 1)
-    return np.multiply(arr, np.float32(1 / 255), dtype=np.float32)
+    return np.multiply(arr, np.float32(1 / 255), dtype=np.float32, out=out)
 
 
 def decode_images(images: np.ndarray, pre: ImagePreprocess) -> np.ndarray:
@@ -203,7 +251,7 @@ def decode_images(images: np.ndarray, pre: ImagePreprocess) -> np.ndarray:
     for i, data in enumerate(flat):
         if not isinstance(data, bytes | bytearray | memoryview):
             raise BadImage(f"input {pre.input!r} row {i} is {type(data).__name__}, not encoded image bytes")
-        out[i] = decode_image(bytes(data), pre, i)
+        decode_image(bytes(data), pre, i, out=out[i])
     return out
 
 

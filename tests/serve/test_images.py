@@ -194,16 +194,35 @@ def test_transparency_and_mode_are_converted_as_trained() -> None:
     np.testing.assert_allclose(x3, 0.2, atol=1e-6)
 
 
-@pytest.mark.parametrize("size", [(224, 224), (300, 200), (199, 311), (256, 256), (64, 500)])
-def test_resize_and_crop_give_torchvisions_own_pixels(size: tuple[int, int]) -> None:
-    """The server resizes only the part its centre crop keeps; the pixels must be those of the run's transform."""
+@pytest.mark.parametrize(
+    ("size", "resampled"),
+    [
+        ((224, 224), (224, 224)),  # only the cropped box, both axes
+        ((300, 200), (224, 224)),
+        ((199, 311), (224, 400)),  # the box across, the whole height (its scale is not exact in floats)
+        ((640, 480), (341, 224)),  # the whole width, the box down
+        ((64, 500), (224, 2000)),
+        ((261, 710), (256, 696)),  # the box would change Pillow's pass order, so the whole image
+        ((256, 256), (256, 256)),  # nothing to resample: the crop alone
+    ],
+)
+def test_resize_and_crop_give_torchvisions_own_pixels(size: tuple[int, int], resampled: tuple[int, int]) -> None:
+    """Where Pillow computes the same filter, the server resamples only what the centre crop keeps; either way the
+    pixels must be exactly those of the run's own transform."""
     from torchvision import transforms
 
+    from deskpod.serve.images import _crop_box
+
+    w, h = size
+    short, long = min(size), max(size)
+    new = (256, int(256 * long / short)) if w <= h else (int(256 * long / short), 256)
+    corner = (round((new[0] - 224) / 2.0), round((new[1] - 224) / 2.0))
+    assert _crop_box(size, new, corner, (224, 224))[1] == resampled
     rng = np.random.default_rng(sum(size))
-    im = Image.fromarray((rng.random((size[1], size[0], 3)) * 255).astype(np.uint8))
+    im = Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8))
     want = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()])(im)
     got = decode_image(encoded(im, "PNG"), for_run(3, 224, 224, "imagefolder:x"))
-    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(np.rint(got * 255), np.rint(want.numpy() * 255))
 
 
 def huge_png_header(w: int, h: int) -> bytes:
