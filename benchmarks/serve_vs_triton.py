@@ -7,11 +7,14 @@ Both servers serve the same ONNX files (ResNet-18 at 224x224, random init; a sma
 same batching settings (max batch 32, the same queue delay, 1 instance, the same ONNX Runtime threads). Triton
 runs them through its Python backend (``execute`` calls ONNX Runtime on the whole batch Triton hands it) with its
 own dynamic batcher — the recipe of docs/shared serving.md; its venv lives in /tmp, never in the repository.
-One load generator (deskpod.serve.loadgen, a separate process, binary tensors) drives both, closed loop.
-Every server's first answer is checked against a direct ONNX Runtime call before anything is timed.
+Both servers speak HTTP and gRPC. Two load tools drive them, closed loop, each in its own process: deskpod's own
+load generator (deskpod.serve.loadgen, binary tensors over HTTP, raw contents over gRPC) and Triton's C++
+``perf_analyzer`` (from the ``tritonclient==2.51.0`` wheel, installed into Triton's venv; random FP32 inputs,
+synchronous, one request per client). The load generator checks every server's first answer against a direct
+ONNX Runtime call before anything is timed.
 
 Measured, as ratios within this one run (the 2 cores are shared, absolute numbers drift):
-  * throughput at concurrency 1 and 32, deskpod / Triton, with each side's p99;
+  * throughput at concurrency 1 and 32, deskpod / Triton, for each tool and protocol, with each side's p99;
   * MLP: dynamic batching (max batch 32) vs batch-1 serving at 32 clients, on deskpod;
   * MLP: server overhead at batch 1 = deskpod p50 at concurrency 1 - direct ORT p50 in one process;
   * MLP: 1,000 concurrent connections: only explicit overload answers, server memory before/after.
@@ -185,15 +188,20 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 40) -> None:
             proc.wait()
 
 
-def start_deskpod(repo: Path, models: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "deskpod", "serve", str(repo), "--port", str(port), "--models", ",".join(models)]
+Ports = dict[str, int]
+"""A server's port per protocol: ``{"http": P, "grpc": G}``."""
+
+
+def start_deskpod(repo: Path, models: list[str]) -> tuple[subprocess.Popen[bytes], Ports]:
+    port, gport = free_port(), free_port()
+    cmd = [sys.executable, "-m", "deskpod", "serve", str(repo), "--port", str(port), "--grpc-port", str(gport),
+           "--models", ",".join(models)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     wait_ready(port, proc, "deskpod serve")
-    return proc, port
+    return proc, {"http": port, "grpc": gport}
 
 
-def start_triton(repo: Path, models: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+def start_triton(repo: Path, models: list[str]) -> tuple[subprocess.Popen[bytes], Ports]:
     binary, env = triton_env()
     port, gport, mport = free_port(), free_port(), free_port()
     cmd = [
@@ -205,7 +213,7 @@ def start_triton(repo: Path, models: list[str]) -> tuple[subprocess.Popen[bytes]
     log = open(TRITON_HOME / "tritonserver.log", "wb")  # noqa: SIM115 - lives as long as the process
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     wait_ready(port, proc, "tritonserver")
-    return proc, port
+    return proc, {"http": port, "grpc": gport}
 
 
 def rss_mb(pid: int) -> float:
@@ -215,12 +223,51 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def load(port: int, model: str, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
+def load(port: int, protocol: str, model: str, concurrency: int, duration: float, warmup: float) -> dict[str, Any]:
     """Run one closed-loop level in a separate load-generator process; checks the first answer."""
-    out = subprocess.check_output(
-        [sys.executable, __file__, "--_load", json.dumps([port, model, concurrency, duration, warmup])], cwd=ROOT
-    )
+    arg = json.dumps([port, protocol, model, concurrency, duration, warmup])
+    out = subprocess.check_output([sys.executable, __file__, "--_load", arg], cwd=ROOT)
     return json.loads(out)  # type: ignore[no-any-return]
+
+
+def perf_analyzer() -> tuple[Path, dict[str, str]]:
+    """Triton's ``perf_analyzer`` from the ``tritonclient==2.51.0`` wheel in Triton's venv, and its environment:
+    ``libcudart.so.12`` from the ``nvidia-cuda-runtime-cu12`` wheel on its library path (it runs on the CPU);
+    it also needs Debian's ``libb64-0d``."""
+    venv = TRITON_HOME / "venv"
+    binary = venv / "bin" / "perf_analyzer"
+    if not binary.exists():
+        triton_env()
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", "tritonclient==2.51.0", "nvidia-cuda-runtime-cu12"], check=True
+        )
+    site = Path(triton_env()[1]["PYTHONPATH"])
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = f"{site / 'nvidia' / 'cuda_runtime' / 'lib'}:{env.get('LD_LIBRARY_PATH', '')}"
+    return binary, env
+
+
+def perf_level(port: int, protocol: str, model: str, concurrency: int, duration: float) -> dict[str, Any]:
+    """One level with perf_analyzer: three measurement windows of ``duration / 3`` each, averaged (its stability
+    check is switched off: on shared cores it would retry without end). Latencies come in µs; here ms."""
+    binary, env = perf_analyzer()
+    with tempfile.TemporaryDirectory(prefix="deskpod-pa-") as tmp:
+        csv = Path(tmp) / "pa.csv"
+        cmd = [str(binary), "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol, "-b", "1",
+               "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-mode", "time_windows",
+               "--measurement-interval", str(int(duration * 1000 / 3)), "--max-trials", "3",
+               "--stability-percentage", "999", "--percentile", "99", "-f", str(csv)]  # fmt: skip
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration * 10 + 60)
+        if run.returncode != 0 or not csv.exists():
+            raise RuntimeError(f"perf_analyzer exit {run.returncode}: {(run.stdout + run.stderr)[-2000:]}")
+        head, row = csv.read_text().splitlines()[:2]
+    rec = dict(zip(head.split(","), row.split(","), strict=True))
+    return {
+        "throughput": float(rec["Inferences/Second"]),
+        "p50_ms": float(rec["p50 latency"]) / 1000,
+        "p99_ms": float(rec["p99 latency"]) / 1000,
+        "errors": 0,  # perf_analyzer fails the whole run on any error
+    }
 
 
 def _load_main(arg: str) -> None:
@@ -228,12 +275,11 @@ def _load_main(arg: str) -> None:
 
     from deskpod.serve.loadgen import LoadSpec, check, closed_loop
 
-    port, model, concurrency, duration, warmup = json.loads(arg)
+    port, protocol, model, concurrency, duration, warmup = json.loads(arg)
     base = model.removesuffix("_b1")
     x = np.random.default_rng(0).random((1, *MODELS[base]), dtype=np.float32)
-    spec = LoadSpec(
-        port=port, model=model, inputs={"input": x}, duration_s=duration, warmup_s=warmup, max_connections=2000
-    )
+    spec = LoadSpec(port=port, model=model, inputs={"input": x}, duration_s=duration, warmup_s=warmup,
+                    max_connections=2000, protocol=protocol)  # fmt: skip
 
     async def main() -> dict[str, Any]:
         got = (await check(spec))["logits"]
@@ -262,11 +308,19 @@ def direct_ort_ms(path: Path, shape: tuple[int, ...], threads: int, n: int = 200
     return float(np.median(ts) * 1000), y
 
 
-def _paired(rows: list[dict[str, Any]], a: tuple[str, str, int], b: tuple[str, str, int]) -> dict[str, Any]:
+Level = tuple[str, str, int, str, str]
+"""(server, model, concurrency, protocol, tool)."""
+
+
+def _key(r: dict[str, Any]) -> Level:
+    return r["server"], r["model"], r["concurrency"], r["protocol"], r["tool"]
+
+
+def _paired(rows: list[dict[str, Any]], a: Level, b: Level) -> dict[str, Any]:
     """Per-repeat ratio of a to b (measured back to back, so background load hits both alike), and the median."""
 
-    def level(key: tuple[str, str, int]) -> dict[int, dict[str, Any]]:
-        return {r["repeat"]: r for r in rows if (r["server"], r["model"], r["concurrency"]) == key}
+    def level(key: Level) -> dict[int, dict[str, Any]]:
+        return {r["repeat"]: r for r in rows if _key(r) == key}
 
     ra, rb = level(a), level(b)
     reps = sorted(set(ra) & set(rb))
@@ -291,15 +345,19 @@ def _paired(rows: list[dict[str, Any]], a: tuple[str, str, int], b: tuple[str, s
 
 def summarize(rows: list[dict[str, Any]], direct: dict[str, float]) -> dict[str, Any]:
     """The targets, as medians over repeats of paired (back-to-back) measurements."""
-    p50 = float(
-        np.median([r["p50_ms"] for r in rows if (r["server"], r["model"], r["concurrency"]) == ("deskpod", "mlp", 1)])
-    )
+    p50 = float(np.median([r["p50_ms"] for r in rows if _key(r) == ("deskpod", "mlp", 1, "http", "loadgen")]))
     summary: dict[str, Any] = {"direct_ort_p50_ms": direct, "mlp_overhead_ms": p50 - direct["mlp"]}
     for model in ("mlp", "resnet18"):
-        summary[f"{model}_batching_gain_c32"] = _paired(rows, ("deskpod", model, 32), ("deskpod", f"{model}_b1", 32))
-        if any(r["server"] == "triton" for r in rows):
+        summary[f"{model}_batching_gain_c32"] = _paired(
+            rows, ("deskpod", model, 32, "http", "loadgen"), ("deskpod", f"{model}_b1", 32, "http", "loadgen")
+        )
+    for tool, protocol in sorted({(r["tool"], r["protocol"]) for r in rows if r["server"] == "triton"}):
+        for model in ("mlp", "resnet18"):
             for c in (1, 32):
-                summary[f"{model}_c{c}_vs_triton"] = _paired(rows, ("deskpod", model, c), ("triton", model, c))
+                summary[f"{model}_c{c}_vs_triton_{protocol}_{tool}"] = v = _paired(
+                    rows, ("deskpod", model, c, protocol, tool), ("triton", model, c, protocol, tool)
+                )
+                v.update(tool=tool, protocol=protocol, model=model, concurrency=c)
     big = [r for r in rows if r["concurrency"] == 1000]
     if big:
         summary["mlp_c1000"] = {
@@ -310,16 +368,15 @@ def summarize(rows: list[dict[str, Any]], direct: dict[str, float]) -> dict[str,
 
 def markdown(summary: dict[str, Any]) -> str:
     """The comparison table for docs/benchmarks.md."""
-    out = ["| model | clients | deskpod req/s | Triton req/s | deskpod / Triton (per repeat) | p99 ms deskpod | p99 ms Triton |",
-           "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for model in ("mlp", "resnet18"):
-        for c in (1, 32):
-            v = summary.get(f"{model}_c{c}_vs_triton")
-            if v:
-                out.append(
-                    f"| {model} | {c} | {v['throughput'][0]:.1f} | {v['throughput'][1]:.1f} | **{v['median']:.2f}x** "
-                    f"({', '.join(f'{x:.2f}' for x in v['ratios'])}) | {v['p99_ms'][0]:.2f} | {v['p99_ms'][1]:.2f} |"
-                )
+    out = ["| load tool | protocol | model | clients | deskpod req/s | Triton req/s | deskpod / Triton (per repeat) "
+           "| p99 ms deskpod | p99 ms Triton |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for v in summary.values():
+        if isinstance(v, dict) and "tool" in v:
+            out.append(
+                f"| {v['tool']} | {v['protocol']} | {v['model']} | {v['concurrency']} | {v['throughput'][0]:.1f} | "
+                f"{v['throughput'][1]:.1f} | **{v['median']:.2f}x** ({', '.join(f'{x:.2f}' for x in v['ratios'])}) "
+                f"| {v['p99_ms'][0]:.2f} | {v['p99_ms'][1]:.2f} |"
+            )
     return "\n".join(out)
 
 
@@ -331,6 +388,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     ap.add_argument("--delay-us", type=int, default=0, help="max queue delay (both servers)")
     ap.add_argument("--repeats", type=int, default=2, help="alternating repeats of every level")
+    ap.add_argument("--protocols", default="http,grpc", help="protocols to compare on (default http,grpc)")
+    ap.add_argument("--no-perf-analyzer", action="store_true", help="only deskpod's load generator")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--_load")
     args = ap.parse_args()
@@ -353,15 +412,27 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     d, w = args.duration, args.warmup
     servers = ["deskpod"] + ([] if args.no_triton else ["triton"])
-    procs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+    procs: dict[str, tuple[subprocess.Popen[bytes], Ports]] = {}
+    protocols = [p for p in args.protocols.split(",") if p]
+    if not set(protocols) <= {"http", "grpc"} or not protocols:
+        raise SystemExit(f"--protocols {args.protocols!r}: give http, grpc or both (comma-separated)")
+    tools = ["loadgen"] + ([] if args.no_triton or args.no_perf_analyzer else ["perf_analyzer"])
+    if "perf_analyzer" in tools:
+        perf_analyzer()
 
-    def measure(server: str, model: str, c: int, duration: float, rep: int) -> dict[str, Any]:
-        r = load(procs[server][1], model, c, duration, w)
-        r.update(server=server, model=model, concurrency=c, repeat=rep)
+    def measure(
+        server: str, model: str, c: int, duration: float, rep: int, protocol: str = "http", tool: str = "loadgen"
+    ) -> dict[str, Any]:
+        port = procs[server][1][protocol]
+        if tool == "loadgen":
+            r = load(port, protocol, model, c, duration, w)
+        else:
+            r = perf_level(port, protocol, model, c, duration)
+        r.update(server=server, model=model, concurrency=c, repeat=rep, protocol=protocol, tool=tool)
         rows.append(r)
         print(
-            f"{server:8} {model:12} c={c:<4} {r['throughput']:8.1f} req/s  p50 {r['p50_ms']:8.2f}  "
-            f"p99 {r['p99_ms']:8.2f} ms  errors {r['errors']}",
+            f"{server:8} {tool:13} {protocol:4} {model:12} c={c:<4} {r['throughput']:8.1f} req/s  "
+            f"p50 {r['p50_ms']:8.2f}  p99 {r['p99_ms']:8.2f} ms  errors {r['errors']}",
             flush=True,
         )
         return r
@@ -374,10 +445,13 @@ def main() -> None:
             procs["triton"] = start_triton(repos["triton"], ["mlp", "resnet18"])
         for rep in range(args.repeats):
             for model in ("mlp", "resnet18"):
+                dur = d if model == "mlp" else d * 1.5
                 for c in (1, 32):
-                    for server in servers if rep % 2 == 0 else servers[::-1]:
-                        measure(server, model, c, d if model == "mlp" else d * 1.5, rep)
-                measure("deskpod", f"{model}_b1", 32, d if model == "mlp" else d * 1.5, rep)
+                    for protocol in protocols:
+                        for tool in tools:
+                            for server in servers if rep % 2 == 0 else servers[::-1]:
+                                measure(server, model, c, dur, rep, protocol, tool)
+                measure("deskpod", f"{model}_b1", 32, dur, rep)
         pid = procs["deskpod"][0].pid
         before = rss_mb(pid)
         r = measure("deskpod", "mlp", 1000, 3.0, 0)
