@@ -16,7 +16,11 @@ Measured, as paired ratios within this run (the 2 cores are shared, absolute num
     binary tensors, tritonclient.grpc with raw contents) in this process;
   * throughput at 32 clients with the load generator, gRPC / HTTP, and the server's CPU time per request there
     (user + system from /proc/PID/stat over the level, divided by the requests answered): the server's own cost,
-    free of the client's.
+    free of the client's;
+  * grpcio's own floor: one synchronous grpcio channel in this process sends the very bytes of the MLP's
+    ModelInferRequest (raw contents) to deskpod's ModelInfer and, alternating call by call, to a bare
+    ``grpc.aio`` server in its own process whose one generic handler answers deskpod's own reply bytes without
+    reading the request (no deskpod code): p50 of each and what deskpod adds over that floor.
 Prints a table and JSON; writes the JSON to --out when given.
 """
 
@@ -152,13 +156,87 @@ def loadgen(url: str, protocol: str, concurrency: int, duration: float, warmup: 
     return row
 
 
+def _echo_main(port_file: str) -> None:
+    """A bare grpc.aio server: every unary call to any method is answered with the ``ECHO_REPLY`` bytes."""
+    import asyncio
+
+    import grpc
+
+    async def serve() -> None:
+        reply = bytes.fromhex(os.environ["ECHO_REPLY"])
+
+        async def handle(request: bytes, context: Any) -> bytes:
+            return reply
+
+        class AnyMethod(grpc.GenericRpcHandler):
+            def service(self, details: Any) -> Any:
+                return grpc.unary_unary_rpc_method_handler(handle)
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((AnyMethod(),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        Path(port_file).write_text(str(port))
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+def grpc_floor(deskpod_url: str, x: np.ndarray, seconds: float, tmp: Path) -> dict[str, float]:
+    """p50 ms of raw ModelInfer bytes to deskpod and to a bare grpc.aio server, alternating call by call."""
+    import grpc
+
+    from deskpod.serve.loadgen import decode_grpc_response, grpc_request
+
+    request = grpc_request("mlp", {"input": x}).SerializeToString()
+    channel = grpc.insecure_channel(deskpod_url)
+    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+    reply = infer(request)
+    if decode_grpc_response(reply)["logits"].shape != (1, 10):
+        raise SystemExit("deskpod's ModelInfer answered something other than [1, 10] logits")
+    port_file = tmp / "echo.port"
+    env = {**os.environ, "ECHO_REPLY": reply.hex()}
+    echo = subprocess.Popen([sys.executable, __file__, "--_echo", str(port_file)], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text():
+            if time.monotonic() > deadline or echo.poll() is not None:
+                raise SystemExit("the bare grpc.aio server did not start")
+            time.sleep(0.1)
+        bare_channel = grpc.insecure_channel(f"127.0.0.1:{port_file.read_text()}")
+        bare = bare_channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        if bare(request) != reply:
+            raise SystemExit("the bare grpc.aio server answered other bytes")
+        times: dict[str, list[float]] = {"deskpod": [], "bare": []}
+        for _ in range(50):
+            infer(request)
+            bare(request)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for name, call in (("deskpod", infer), ("bare", bare)):
+                t0 = time.perf_counter()
+                call(request)
+                times[name].append(time.perf_counter() - t0)
+        bare_channel.close()
+    finally:
+        echo.terminate()
+        echo.wait(timeout=30)
+        port_file.unlink(missing_ok=True)
+        channel.close()
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--duration", type=float, default=3.0, help="measured seconds per level and protocol")
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--_echo", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a._echo:
+        _echo_main(a._echo)
+        return
     with tempfile.TemporaryDirectory(prefix="deskpod-grpc-bench-") as tmp:
         onnx_path = build_repo(Path(tmp) / "repo")
         x = np.random.default_rng(0).random((1, *SHAPE), dtype=np.float32)
@@ -185,6 +263,9 @@ def main() -> None:
                 for p in order:
                     p50 = client_p50_ms(calls[p], x, a.duration)
                     rows.append({"tool": "tritonclient", "protocol": p, "clients": 1, "repeat": rep, "p50_ms": p50})
+                floor = grpc_floor(urls["grpc"], x, a.duration, Path(tmp))
+                for server, p50 in floor.items():
+                    rows.append({"tool": "raw_grpc", "protocol": server, "clients": 1, "repeat": rep, "p50_ms": p50})
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -219,6 +300,11 @@ def summarize(rows: list[dict[str, Any]], direct_ms: float, repeats: int) -> dic
         p: round(statistics.median(get("loadgen", p, 32, i)["server_us_per_request"] for i in range(repeats)), 1)
         for p in ("http", "grpc")
     }
+    raw = {k: [get("raw_grpc", k, 1, i)["p50_ms"] for i in range(repeats)] for k in ("deskpod", "bare")}
+    out["raw_grpc_p50_ms"] = {k: round(statistics.median(v), 4) for k, v in raw.items()}
+    out["raw_grpc_deskpod_minus_bare_ms"] = round(
+        statistics.median(d - b for d, b in zip(raw["deskpod"], raw["bare"], strict=True)), 4
+    )
     out["throughput_32_grpc_over_http"] = {
         "median": round(statistics.median(ratios), 3),
         "per_repeat": [round(r, 3) for r in ratios],
@@ -241,6 +327,11 @@ def table(s: dict[str, Any]) -> str:
     u = s["server_us_per_request_32"]
     lines.append(
         f"{'server CPU us/request, 32 clients':<34}{u['http']:>10.1f}{u['grpc']:>10.1f}  {u['grpc'] / u['http']:.2f}"
+    )
+    r = s["raw_grpc_p50_ms"]
+    lines.append(
+        f"raw gRPC p50 ms: deskpod ModelInfer {r['deskpod']:.3f}, bare grpc.aio {r['bare']:.3f}, "
+        f"deskpod adds {s['raw_grpc_deskpod_minus_bare_ms']:.3f} (direct ORT {s['direct_ort_p50_ms']:.3f})"
     )
     return "\n".join(lines)
 
