@@ -239,9 +239,13 @@ def prepared_image(data: bytes, pre: ImagePreprocess, row: int = 0) -> Any:
 def decode_image(data: bytes, pre: ImagePreprocess, row: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """One encoded image as the network's input: FP32 (C, H, W) in [0, 1], written into ``out`` when given.
     Raises `BadImage`."""
-    arr = np.asarray(prepared_image(data, pre, row), dtype=np.uint8)
-    arr = arr[None] if pre.channels == 1 else arr.transpose(2, 0, 1)
-    return np.multiply(arr, np.float32(1 / 255), dtype=np.float32, out=out)
+    im = prepared_image(data, pre, row)
+    if out is None:
+        out = np.empty((pre.channels, pre.height, pre.width), dtype=np.float32)
+    # One plane at a time, each contiguous: PIL splits the bands faster than numpy reads an HWC array across.
+    for c, band in enumerate(im.split()):
+        np.multiply(np.asarray(band, dtype=np.uint8), np.float32(1 / 255), dtype=np.float32, out=out[c])
+    return out
 
 
 def decode_images(images: np.ndarray, pre: ImagePreprocess) -> np.ndarray:
