@@ -13,7 +13,10 @@ Measured, as paired ratios within this run (the 2 cores are shared, absolute num
     with deskpod's load generator (its own process; `deskpod bench serve --protocol ...`), the two protocols back
     to back per repeat, order alternating; the ratio gRPC / HTTP is the median of the per-repeat ratios;
   * the same with the official clients, a plain loop of synchronous ``infer`` calls (tritonclient.http with
-    binary tensors, tritonclient.grpc with raw contents) in this process;
+    binary tensors, tritonclient.grpc with raw contents) in this process, and over tritonclient.grpc's stream
+    (ModelStreamInfer: ``async_stream_infer``, each answer awaited before the next is sent);
+  * every load-generator level also over ``grpc-stream`` (one ModelStreamInfer stream per client, one request in
+    flight on it), beside unary gRPC;
   * throughput at 32 clients with the load generator, gRPC / HTTP, and the server's CPU time per request there
     (user + system from /proc/PID/stat over the level, divided by the requests answered): the server's own cost,
     free of the client's;
@@ -101,8 +104,9 @@ def direct_ort(path: Path, x: np.ndarray, n: int = 2000) -> tuple[float, np.ndar
     return statistics.median(times) * 1000, y
 
 
-def clients(urls: dict[str, str]) -> dict[str, Any]:
-    """A synchronous infer call per protocol, with the official clients: name -> call(x) -> logits."""
+def clients(urls: dict[str, str]) -> tuple[dict[str, Any], Any]:
+    """A synchronous infer call per protocol, with the official clients: name -> call(x) -> logits; and the
+    function that closes the gRPC stream."""
     import tritonclient.grpc as g
     import tritonclient.http as h
 
@@ -118,7 +122,21 @@ def clients(urls: dict[str, str]) -> dict[str, Any]:
         i.set_data_from_numpy(x)
         return gc.infer("mlp", [i], outputs=[g.InferRequestedOutput("logits")]).as_numpy("logits")  # type: ignore[no-any-return]
 
-    return {"http": http, "grpc": grpc}
+    import queue
+
+    answers: queue.Queue[Any] = queue.Queue()
+    gc.start_stream(callback=lambda result, error: answers.put(error or result))
+
+    def grpc_stream(x: np.ndarray) -> np.ndarray:
+        i = g.InferInput("input", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        gc.async_stream_infer("mlp", [i], outputs=[g.InferRequestedOutput("logits")])
+        got = answers.get(timeout=30)
+        if isinstance(got, Exception):
+            raise got
+        return got.as_numpy("logits")  # type: ignore[no-any-return]
+
+    return {"http": http, "grpc": grpc, "grpc-stream": grpc_stream}, gc.stop_stream
 
 
 def client_p50_ms(call: Any, x: np.ndarray, seconds: float) -> float:
@@ -245,27 +263,28 @@ def main() -> None:
         try:
             doc = json.loads((Path(tmp) / "serve.json").read_text())
             urls = {"http": doc["url"].removeprefix("http://"), "grpc": doc["grpc"]}
-            calls = clients(urls)
+            calls, stop_stream = clients(urls)
             for name, call in calls.items():  # correctness, outside anything timed
                 np.testing.assert_allclose(call(x), want, rtol=1e-4, atol=1e-5, err_msg=f"{name} answer is wrong")
             rows: list[dict[str, Any]] = []
             for rep in range(a.repeats):
                 order = ["http", "grpc"] if rep % 2 == 0 else ["grpc", "http"]
                 for c in (1, 32):
-                    for p in order:
+                    for p in [*order, "grpc-stream"] if rep % 2 == 0 else ["grpc-stream", *order]:
                         c0 = cpu_s(proc.pid)
-                        r = loadgen(urls[p], p, c, a.duration, a.warmup)
+                        r = loadgen(urls["http" if p == "http" else "grpc"], p, c, a.duration, a.warmup)
                         r["server_cpu_s"] = cpu_s(proc.pid) - c0  # over warm-up and measured part
                         r["server_us_per_request"] = (
                             r["server_cpu_s"] / (r["ok"] * (a.duration + a.warmup) / a.duration) * 1e6
                         )
                         rows.append({"tool": "loadgen", "protocol": p, "clients": c, "repeat": rep, **r})
-                for p in order:
+                for p in [*order, "grpc-stream"] if rep % 2 == 0 else ["grpc-stream", *order]:
                     p50 = client_p50_ms(calls[p], x, a.duration)
                     rows.append({"tool": "tritonclient", "protocol": p, "clients": 1, "repeat": rep, "p50_ms": p50})
                 floor = grpc_floor(urls["grpc"], x, a.duration, Path(tmp))
                 for server, p50 in floor.items():
                     rows.append({"tool": "raw_grpc", "protocol": server, "clients": 1, "repeat": rep, "p50_ms": p50})
+            stop_stream()
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -276,58 +295,58 @@ def main() -> None:
         a.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
 
 
+PROTOCOLS = ("http", "grpc", "grpc-stream")
+
+
 def summarize(rows: list[dict[str, Any]], direct_ms: float, repeats: int) -> dict[str, Any]:
-    def get(tool: str, p: str, c: int, rep: int) -> dict[str, Any]:
-        return next(r for r in rows if (r["tool"], r["protocol"], r["clients"], r["repeat"]) == (tool, p, c, rep))
+    def each(tool: str, p: str, c: int, key: str) -> list[float]:
+        return [
+            next(r for r in rows if (r["tool"], r["protocol"], r["clients"], r["repeat"]) == (tool, p, c, i))[key]
+            for i in range(repeats)
+        ]
+
+    def ratio(a: list[float], b: list[float]) -> dict[str, Any]:
+        r = [x / y for x, y in zip(a, b, strict=True)]
+        return {"median": round(statistics.median(r), 3), "per_repeat": [round(x, 3) for x in r]}
 
     out: dict[str, Any] = {"direct_ort_p50_ms": round(direct_ms, 4)}
     for tool in ("loadgen", "tritonclient"):
-        over = {p: [get(tool, p, 1, i)["p50_ms"] - direct_ms for i in range(repeats)] for p in ("http", "grpc")}
-        ratios = [g / h for g, h in zip(over["grpc"], over["http"], strict=True)]
+        over = {p: [v - direct_ms for v in each(tool, p, 1, "p50_ms")] for p in PROTOCOLS}
         out[f"{tool}_overhead_ms"] = {p: round(statistics.median(v), 4) for p, v in over.items()}
-        out[f"{tool}_grpc_over_http"] = {
-            "median": round(statistics.median(ratios), 3),
-            "per_repeat": [round(r, 3) for r in ratios],
-        }
-    tput = {p: [get("loadgen", p, 32, i)["throughput"] for i in range(repeats)] for p in ("http", "grpc")}
-    ratios = [g / h for g, h in zip(tput["grpc"], tput["http"], strict=True)]
+        for p in PROTOCOLS[1:]:
+            out[f"{tool}_{p}_over_http"] = ratio(over[p], over["http"])
+    tput = {p: each("loadgen", p, 32, "throughput") for p in PROTOCOLS}
     out["throughput_32"] = {p: round(statistics.median(v), 1) for p, v in tput.items()}
-    out["p99_32_ms"] = {
-        p: round(statistics.median(get("loadgen", p, 32, i)["p99_ms"] for i in range(repeats)), 3)
-        for p in ("http", "grpc")
-    }
+    out["p99_32_ms"] = {p: round(statistics.median(each("loadgen", p, 32, "p99_ms")), 3) for p in PROTOCOLS}
     out["server_us_per_request_32"] = {
-        p: round(statistics.median(get("loadgen", p, 32, i)["server_us_per_request"] for i in range(repeats)), 1)
-        for p in ("http", "grpc")
+        p: round(statistics.median(each("loadgen", p, 32, "server_us_per_request")), 1) for p in PROTOCOLS
     }
-    raw = {k: [get("raw_grpc", k, 1, i)["p50_ms"] for i in range(repeats)] for k in ("deskpod", "bare")}
+    for p in PROTOCOLS[1:]:
+        out[f"throughput_32_{p}_over_http"] = ratio(tput[p], tput["http"])
+    raw = {k: each("raw_grpc", k, 1, "p50_ms") for k in ("deskpod", "bare")}
     out["raw_grpc_p50_ms"] = {k: round(statistics.median(v), 4) for k, v in raw.items()}
     out["raw_grpc_deskpod_minus_bare_ms"] = round(
         statistics.median(d - b for d, b in zip(raw["deskpod"], raw["bare"], strict=True)), 4
     )
-    out["throughput_32_grpc_over_http"] = {
-        "median": round(statistics.median(ratios), 3),
-        "per_repeat": [round(r, 3) for r in ratios],
-    }
     return out
 
 
 def table(s: dict[str, Any]) -> str:
     lines = [f"direct ONNX Runtime p50: {s['direct_ort_p50_ms']:.4f} ms"]
-    lines.append(f"{'measure':<34}{'HTTP':>10}{'gRPC':>10}  gRPC/HTTP (per repeat)")
+    lines.append(f"{'measure':<36}{'HTTP':>9}{'gRPC':>9}{'stream':>9}  gRPC/HTTP; stream/HTTP (per repeat)")
+
+    def row(label: str, v: dict[str, float], ratios: list[dict[str, Any]], fmt: str = ".3f") -> None:
+        cells = "".join(f"{v[p]:>9{fmt}}" for p in PROTOCOLS)
+        lines.append(f"{label:<36}{cells}  " + "; ".join(f"{r['median']:.2f} {r['per_repeat']}" for r in ratios))
+
     for tool in ("loadgen", "tritonclient"):
-        o, r = s[f"{tool}_overhead_ms"], s[f"{tool}_grpc_over_http"]
-        lines.append(
-            f"{'overhead ms, ' + tool:<34}{o['http']:>10.3f}{o['grpc']:>10.3f}  {r['median']:.2f} {r['per_repeat']}"
-        )
-    t, r = s["throughput_32"], s["throughput_32_grpc_over_http"]
-    lines.append(
-        f"{'req/s at 32 clients, loadgen':<34}{t['http']:>10.1f}{t['grpc']:>10.1f}  {r['median']:.2f} {r['per_repeat']}"
-    )
+        row(f"overhead ms, {tool}, 1 client", s[f"{tool}_overhead_ms"],
+            [s[f"{tool}_{p}_over_http"] for p in PROTOCOLS[1:]])  # fmt: skip
+    row("req/s at 32 clients, loadgen", s["throughput_32"],
+        [s[f"throughput_32_{p}_over_http"] for p in PROTOCOLS[1:]], ".1f")  # fmt: skip
     u = s["server_us_per_request_32"]
-    lines.append(
-        f"{'server CPU us/request, 32 clients':<34}{u['http']:>10.1f}{u['grpc']:>10.1f}  {u['grpc'] / u['http']:.2f}"
-    )
+    row("server CPU us/request, 32 clients", u,
+        [{"median": u[p] / u["http"], "per_repeat": []} for p in PROTOCOLS[1:]], ".1f")  # fmt: skip
     r = s["raw_grpc_p50_ms"]
     lines.append(
         f"raw gRPC p50 ms: deskpod ModelInfer {r['deskpod']:.3f}, bare grpc.aio {r['bare']:.3f}, "

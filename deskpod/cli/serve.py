@@ -192,10 +192,13 @@ def _read_source(version: Path) -> dict[str, Any] | None:
 def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """``deskpod bench serve``: added to the ``bench`` group by deskpod/cli/bench.py."""
     p = bench_sub.add_parser("serve", help="load-test a v2 inference server: closed and open loop, p50/p90/p99")
+    p.add_argument("--url", default=None, help="server host:port (default 127.0.0.1:8000; over gRPC 127.0.0.1:8001)")
     p.add_argument(
-        "--url", default=None, help="server host:port (default 127.0.0.1:8000; with --protocol grpc 127.0.0.1:8001)"
+        "--protocol",
+        default="http",
+        choices=["http", "grpc", "grpc-stream"],
+        help="v2 over HTTP (default), gRPC (unary ModelInfer calls) or grpc-stream (one ModelStreamInfer stream per client)",
     )
-    p.add_argument("--protocol", default="http", choices=["http", "grpc"], help="v2 over HTTP (default) or gRPC")
     p.add_argument("--model", required=True, help="model to send requests to")
     p.add_argument("--batch", type=int, default=1, help="rows per request (default 1)")
     p.add_argument("--concurrency", default="1,8,32", help="closed-loop client counts, comma-separated ('' for none)")
@@ -222,7 +225,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from deskpod.errors import UsageError
     from deskpod.serve.loadgen import LoadSpec, format_table, inputs_from_metadata, run_load, to_json
 
-    url = args.url or ("127.0.0.1:8001" if args.protocol == "grpc" else "127.0.0.1:8000")
+    url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     host, _, port = url.rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"--url {url!r} must be host:port, e.g. 127.0.0.1:8000")

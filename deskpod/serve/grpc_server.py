@@ -15,17 +15,27 @@ and shipped by ``tritonclient[grpc]`` (``tritonclient.grpc.service_pb2``, ``mode
 as typed ``contents`` or as ``raw_input_contents`` (every input or none, as Triton requires); outputs always go
 as ``raw_output_contents``, as Triton sends them; an output asked for with ``parameters["classification"] = k``
 comes back as Triton's classification strings (`images.classify`). Served: ServerLive, ServerReady, ModelReady, ServerMetadata,
-ModelMetadata, ModelInfer, ModelConfig, ModelStatistics, RepositoryIndex, RepositoryModelLoad/Unload; any
-other method of the service (streaming, shared memory, trace and log settings) answers UNIMPLEMENTED.
+ModelMetadata, ModelInfer, ModelStreamInfer, ModelConfig, ModelStatistics, RepositoryIndex,
+RepositoryModelLoad/Unload; any other method of the service (shared memory, trace and log settings) answers
+UNIMPLEMENTED.
+
+``ModelStreamInfer`` is Triton's bidirectional stream (``tritonclient.grpc``'s ``start_stream`` and
+``async_stream_infer``, ``perf_analyzer --streaming``): each ``ModelInferRequest`` on the stream is one infer,
+answered on the same stream as soon as it is done — in the order they finish, each with its request's ``id`` —
+as a ``ModelStreamInferResponse`` holding the response, or the error's message in ``error_message`` (Triton's
+way: a bad request does not end the stream). Many requests may be in flight on one stream; they batch like
+any others. It saves the per-call cost of a unary RPC (a new HTTP/2 stream, headers, trailers).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -160,12 +170,18 @@ class GrpcService:
             "RepositoryModelLoad": (self.repository_model_load, pb.RepositoryModelLoadRequest),
             "RepositoryModelUnload": (self.repository_model_unload, pb.RepositoryModelUnloadRequest),
         }
-        return {
+        handlers = {
             name: grpc.unary_unary_rpc_method_handler(
                 self._guarded(fn), request_deserializer=req.FromString, response_serializer=_serialize
             )
             for name, (fn, req) in calls.items()
         }
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self.model_stream_infer,
+            request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=_serialize,
+        )
+        return handlers
 
     @staticmethod
     def _guarded(fn: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
@@ -206,30 +222,104 @@ class GrpcService:
             outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in doc["outputs"]],
         )
 
-    async def model_infer(self, request: Any, context: Any) -> Any:
-        t0 = time.perf_counter()
+    def _start(self, request: Any, t0: float) -> tuple[Any, InferRequest, dict[str, int], asyncio.Future[Any] | None]:
+        """Admit and decode one ModelInferRequest and queue it: (model, request, classifications, future). An image
+        model's request is not queued yet (future None): its images are decoded off the loop first."""
         lv = admit(self.registry, request.model_name, request.model_version or None)
         req = decode_infer_request(request)
         classes = classifications(request)
+        return lv, req, classes, submit(lv, req) if preprocess_of(lv.config) is None else None
+
+    async def _decoded(self, lv: Any, req: InferRequest, t0: float) -> asyncio.Future[Any]:
+        """An image model's request queued once its images are decoded (on the decoder's threads)."""
         pre = preprocess_of(lv.config)
-        if pre is None:
-            fut = submit(lv, req)
-        else:  # an image model: check the request as sent, decode off the event loop, then queue the tensors
-            check_inputs(lv.config, req)
-            loop = asyncio.get_running_loop()
-            inputs = await loop.run_in_executor(decoder_pool(), decode_inputs, req.inputs, pre)
-            fut = submit_decoded(lv, req, inputs, t0)
-        try:
-            outputs = await fut
-        except BaseException:
-            lv.stats.record_request(time.perf_counter() - t0, False)
-            raise
-        lv.stats.record_request(time.perf_counter() - t0, True)
+        assert pre is not None
+        check_inputs(lv.config, req)
+        inputs = await asyncio.get_running_loop().run_in_executor(decoder_pool(), decode_inputs, req.inputs, pre)
+        return submit_decoded(lv, req, inputs, t0)
+
+    @staticmethod
+    def _finish(lv: Any, req: InferRequest, classes: dict[str, int], t0: float, fut: asyncio.Future[Any]) -> Any:
+        """The ModelInferResponse of a request whose future is done (or its error, raised); counted either way."""
+        exc = fut.exception()
+        lv.stats.record_request(time.perf_counter() - t0, exc is None)
+        if exc is not None:
+            raise exc
+        outputs = fut.result()
         if req.outputs is not None:
             outputs = {n: outputs[n] for n in req.outputs}
         for name, k in classes.items():  # Triton's classification extension: top-k strings, not the tensor
             outputs[name] = classify(outputs, name, lv.config.labels, k)
         return encode_infer_response(lv.config.name, lv.version, req.id, outputs)
+
+    async def model_infer(self, request: Any, context: Any) -> Any:
+        t0 = time.perf_counter()
+        lv, req, classes, fut = self._start(request, t0)
+        if fut is None:
+            fut = await self._decoded(lv, req, t0)
+        with contextlib.suppress(Exception):  # _finish counts it and raises it
+            await fut
+        return self._finish(lv, req, classes, t0, fut)
+
+    async def model_stream_infer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        """Triton's ModelStreamInfer: every request on the stream answered on it as soon as it is done.
+
+        A request is queued as it is read (no task of its own unless it carries images), and its answer goes
+        into ``answers`` from its future's callback; this generator yields them in the order they come."""
+        loop = asyncio.get_running_loop()
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        state = {"open": 0, "reading": True}
+
+        def answer(build: Callable[[], Any]) -> None:
+            try:
+                answers.put_nowait(pb.ModelStreamInferResponse(infer_response=build()))
+            except Exception as e:
+                if status_of(e) == 500 and not isinstance(e, DeskpodError):
+                    log.exception("unexpected error", exc_info=e)
+                answers.put_nowait(pb.ModelStreamInferResponse(error_message=str(e) or type(e).__name__))
+
+        def finished(lv: Any, req: InferRequest, classes: dict[str, int], t0: float, fut: asyncio.Future[Any]) -> None:
+            answer(functools.partial(self._finish, lv, req, classes, t0, fut))
+
+        def decoded(lv: Any, req: InferRequest, classes: dict[str, int], t0: float, task: asyncio.Task[Any]) -> None:
+            e = task.exception()
+            if e is not None:
+                answer(functools.partial(_raise, e))
+            else:
+                task.result().add_done_callback(functools.partial(finished, lv, req, classes, t0))
+
+        async def read() -> None:
+            try:
+                async for msg in requests:
+                    state["open"] += 1
+                    t0 = time.perf_counter()
+                    try:
+                        lv, req, classes, fut = self._start(msg, t0)
+                    except Exception as e:
+                        answer(functools.partial(_raise, e))
+                        continue
+                    if fut is not None:
+                        fut.add_done_callback(functools.partial(finished, lv, req, classes, t0))
+                    else:
+                        task = loop.create_task(self._decoded(lv, req, t0))
+                        task.add_done_callback(functools.partial(decoded, lv, req, classes, t0))
+            finally:
+                state["reading"] = False
+                answers.put_nowait(None)
+
+        reader = loop.create_task(read())
+        try:
+            while state["reading"] or state["open"]:
+                item = await answers.get()
+                if item is None:
+                    continue
+                state["open"] -= 1
+                yield item
+            failed = reader.exception() if reader.done() and not reader.cancelled() else None
+            if failed is not None:
+                raise failed  # the stream itself failed, not one request on it
+        finally:
+            reader.cancel()
 
     async def model_config(self, request: Any, context: Any) -> Any:
         lv = self.registry.get(request.name, request.version or None)
@@ -265,6 +355,10 @@ class GrpcService:
     async def repository_model_unload(self, request: Any, context: Any) -> Any:
         await self.registry.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+
+def _raise(e: BaseException) -> NoReturn:
+    raise e
 
 
 def _serialize(msg: Any) -> bytes:

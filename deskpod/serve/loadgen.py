@@ -16,6 +16,9 @@ own (its own HTTP/2 connection, one call in flight, as an HTTP connection has); 
 serialized once and the answer is not parsed in the timed part either. Tensors go as ``raw_input_contents``
 (``binary=False``: typed ``contents``). Failed calls are counted by their code (``UNAVAILABLE``, ...); a client
 refused with UNAVAILABLE backs off as one refused with 503 does. The same figures come out for both protocols.
+With ``protocol="grpc-stream"`` each connection opens one ``ModelStreamInfer`` stream and sends its requests on
+it, one in flight (what ``tritonclient.grpc``'s ``async_stream_infer`` and ``perf_analyzer --streaming`` use);
+an answer carrying ``error_message`` is counted as ``stream-error``, a stream that fails by its code.
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ import numpy as np
 from deskpod.errors import RunError, UsageError
 from deskpod.serve.protocol import DTYPES, _bytes_tensor, _raw, datatype_of, decode_response, encode_request
 
-PROTOCOLS = ("http", "grpc")
+PROTOCOLS = ("http", "grpc", "grpc-stream")
 OVERLOADED = (429, 503, "UNAVAILABLE")
 """Answers after which a closed-loop client backs off: HTTP 429/503 and gRPC UNAVAILABLE."""
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
+_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+_STREAM_OK = b"\x12"
+"""A serialized ``ModelStreamInferResponse`` that starts with field 2 (``infer_response``) has no error message
+(field 1, which protobuf writes first when set)."""
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -52,14 +59,14 @@ class LoadSpec:
     overload_backoff_s: float = 0.02
     """Closed loop: a client pauses this long after a 429/503 (gRPC UNAVAILABLE) instead of retrying at once."""
     protocol: str = "http"
-    """``http`` or ``grpc``: how requests travel to ``host:port``."""
+    """``http``, ``grpc`` (unary ModelInfer calls) or ``grpc-stream`` (a ModelStreamInfer stream per connection)."""
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise UsageError(f"protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
 
     def request_bytes(self) -> bytes:
-        if self.protocol == "grpc":
+        if self.protocol != "http":
             return grpc_request(self.model, self.inputs, raw=self.binary).SerializeToString()  # type: ignore[no-any-return]
         body, hl = encode_request(self.inputs, binary=self.binary, binary_outputs=self.binary)
         head = f"POST /v2/models/{self.model}/infer HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: {len(body)}\r\n"
@@ -157,12 +164,34 @@ class _GrpcConn:
             return e.code().name, (e.details() or "").encode(), None
 
 
+class _GrpcStreamConn(_GrpcConn):
+    """One ModelStreamInfer stream on a channel of its own, one request in flight; the `_Conn` interface."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        super().__init__(spec)
+        self.stream: Any = None
+
+    async def request(self, data: bytes) -> tuple[int | str, bytes, int | None]:
+        if self.stream is None:
+            self.stream = self.channel.stream_stream(_STREAM)()
+        try:
+            await self.stream.write(data)
+            answer = await self.stream.read()
+        except self.error as e:
+            self.closed = True
+            return e.code().name, (e.details() or "").encode(), None
+        if not isinstance(answer, bytes):  # the server ended the stream
+            self.closed = True
+            return "stream-ended", b"", None
+        return (200 if answer[:1] == _STREAM_OK else "stream-error"), answer, None
+
+
 Conn = _Conn | _GrpcConn
 
 
 async def _connect(spec: LoadSpec) -> Conn:
-    if spec.protocol == "grpc":
-        c = _GrpcConn(spec)
+    if spec.protocol != "http":
+        c = _GrpcStreamConn(spec) if spec.protocol == "grpc-stream" else _GrpcConn(spec)
         try:
             await asyncio.wait_for(c.channel.channel_ready(), CONNECT_TIMEOUT_S)
         except TimeoutError:  # an OSError, as a refused HTTP connection is
@@ -178,6 +207,8 @@ async def _connect(spec: LoadSpec) -> Conn:
 
 async def _close(conns: list[Conn]) -> None:
     for c in conns:
+        if isinstance(c, _GrpcStreamConn) and c.stream is not None:
+            c.stream.cancel()
         if isinstance(c, _GrpcConn):
             await c.channel.close()
         elif c.transport is not None:
@@ -241,8 +272,16 @@ async def check(spec: LoadSpec) -> dict[str, np.ndarray]:
         status, body, hl = await conn.request(spec.request_bytes())
     finally:
         await _close([conn])
+    if status == "stream-error":
+        from tritonclient.grpc import service_pb2 as pb
+
+        body = pb.ModelStreamInferResponse.FromString(body).error_message.encode()
     if status != 200:
         raise RunError(f"server answered {status} to a check request: {body[:300]!r}")
+    if spec.protocol == "grpc-stream":
+        from tritonclient.grpc import service_pb2 as pb
+
+        return decode_grpc_response(pb.ModelStreamInferResponse.FromString(body).infer_response.SerializeToString())
     return decode_grpc_response(body) if spec.protocol == "grpc" else decode_response(body, hl)
 
 
@@ -366,7 +405,7 @@ def inputs_from_metadata(
     import urllib.error
     import urllib.request
 
-    if protocol == "grpc":
+    if protocol != "http":
         meta = _grpc_metadata(host, port, model)
     else:
         try:

@@ -164,6 +164,45 @@ def test_errors_have_the_http_message_and_the_matching_code(
     assert gclient(both).is_server_live()
 
 
+def test_stream_infer_answers_every_request_on_the_stream(both: Both) -> None:
+    """tritonclient's ModelStreamInfer: answers come back on the stream with their ids and HTTP's numbers; a bad
+    request is an error message on the stream, which goes on; requests in flight together batch together."""
+    import queue
+
+    c = gclient(both)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    c.start_stream(callback=lambda result, error: answers.put((result, error)))
+    rng = np.random.default_rng(5)
+    xs = {f"r{k}": rng.random((k, 2, 4, 4), dtype=np.float32) for k in (1, 2, 3)}
+    h0 = json.loads(_http_get(both, "/v2/models/merge/stats"))["model_stats"][0]
+    try:
+        for rid, x in xs.items():  # within merge's 400 ms queue delay of each other: one batch of 6 rows
+            inp = grpcclient.InferInput("input", list(x.shape), "FP32")
+            inp.set_data_from_numpy(x)
+            c.async_stream_infer("merge", [inp], request_id=rid, outputs=[grpcclient.InferRequestedOutput("logits")])
+        bad = grpcclient.InferInput("nope", [1, 2, 4, 4], "FP32")
+        bad.set_data_from_numpy(np.zeros((1, 2, 4, 4), np.float32))
+        c.async_stream_infer("mlp", [bad], request_id="bad")
+        got, errors = {}, []
+        for _ in range(4):
+            result, error = answers.get(timeout=60)
+            if error is not None:
+                errors.append(error)
+            else:
+                got[result.get_response().id] = result.as_numpy("logits")
+    finally:
+        c.stop_stream()
+    assert sorted(got) == sorted(xs)
+    for rid, x in xs.items():
+        np.testing.assert_array_equal(got[rid], hinfer(both, "merge", x).as_numpy("logits"))
+    with pytest.raises(InferenceServerException) as h:
+        hinfer(both, "mlp", np.zeros((1, 2, 4, 4), np.float32), name="nope")
+    assert len(errors) == 1 and errors[0].message() == h.value.message()
+    h1 = json.loads(_http_get(both, "/v2/models/merge/stats"))["model_stats"][0]
+    assert h1["inference_count"] - h0["inference_count"] == 6 + 6  # the same 6 rows over the stream, then HTTP
+    assert h1["execution_count"] - h0["execution_count"] == 1 + 3  # the stream's three requests ran as one batch
+
+
 def test_malformed_requests_are_invalid_argument(both: Both) -> None:
     def call(req: Any) -> Any:
         with grpc.insecure_channel(both.grpc) as channel, pytest.raises(grpc.RpcError) as e:
@@ -275,10 +314,11 @@ def test_grpc_port_is_validated(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "--grpc-port 70000 is not a TCP port (0..65535)" in capsys.readouterr().err
 
 
-def test_bench_serve_over_grpc(both: Both, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("protocol", ["grpc", "grpc-stream"])
+def test_bench_serve_over_grpc(both: Both, protocol: str, capsys: pytest.CaptureFixture[str]) -> None:
     from deskpod.cli import main
 
-    argv = ["bench", "serve", "--protocol", "grpc", "--url", both.grpc, "--model", "mlp", "--concurrency", "2"]
+    argv = ["bench", "serve", "--protocol", protocol, "--url", both.grpc, "--model", "mlp", "--concurrency", "2"]
     assert main([*argv, "--rate", "50", "--duration", "0.3", "--warmup", "0.1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["mode"], r["level"]) for r in rows] == [("closed", 2), ("open", 50)]
@@ -288,6 +328,9 @@ def test_bench_serve_over_grpc(both: Both, capsys: pytest.CaptureFixture[str]) -
 def test_load_generator_over_grpc_checks_and_counts_errors_by_code(both: Both) -> None:
     import asyncio
 
+    from dataclasses import replace
+
+    from deskpod.errors import RunError
     from deskpod.serve.loadgen import LoadSpec, check, closed_loop
 
     host, port = both.grpc.rsplit(":", 1)
@@ -295,10 +338,16 @@ def test_load_generator_over_grpc_checks_and_counts_errors_by_code(both: Both) -
     for binary in (True, False):  # raw contents, then typed contents
         spec = LoadSpec(host=host, port=int(port), protocol="grpc", model="mlp", inputs={"input": x}, binary=binary)
         np.testing.assert_allclose(asyncio.run(check(spec))["logits"], expected(both.model, x), rtol=1e-4, atol=1e-5)
+    stream = LoadSpec(host=host, port=int(port), protocol="grpc-stream", model="mlp", inputs={"input": x})
+    np.testing.assert_allclose(asyncio.run(check(stream))["logits"], expected(both.model, x), rtol=1e-4, atol=1e-5)
     inputs = {"input": np.zeros((1, 2, 4, 5), np.float32)}  # wrong shape: every answer is INVALID_ARGUMENT
     spec = LoadSpec(host=host, port=int(port), protocol="grpc", model="mlp", inputs=inputs, duration_s=0.2, warmup_s=0)
     r = asyncio.run(closed_loop(spec, 2))
     assert r.ok == 0 and r.errors.get("INVALID_ARGUMENT", 0) > 0
+    r = asyncio.run(closed_loop(replace(spec, protocol="grpc-stream"), 2))  # an error message on the stream each time
+    assert r.ok == 0 and r.errors.get("stream-error", 0) > 0
+    with pytest.raises(RunError, match="stream-error.*shape"):
+        asyncio.run(check(replace(spec, protocol="grpc-stream")))
 
 
 def test_classification_is_the_http_classification(both: Both) -> None:
@@ -355,6 +404,21 @@ def test_image_model_over_grpc(both: Both, tmp_path: Path) -> None:
     with pytest.raises(InferenceServerException) as he:
         hc.infer("photo_grpc", [_bytes_input(httpclient, [b"not an image"])])
     assert ge.value.message() == he.value.message() and "row 0" in ge.value.message()
+    # The same two over a stream: decoded off the loop, then answered on the stream; the bad image is its message.
+    import queue
+
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    c.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for rid, images in (("good", [f.read_bytes() for f in files]), ("bad", [b"not an image"])):
+            inp = _bytes_input(grpcclient, images)
+            out = grpcclient.InferRequestedOutput("logits", class_count=5)
+            c.async_stream_infer("photo_grpc", [inp], request_id=rid, outputs=[out])
+        got = [answers.get(timeout=60) for _ in range(2)]
+    finally:
+        c.stop_stream()
+    assert [r.as_numpy("logits").tolist() for r, e in got if e is None] == [g.tolist()]
+    assert [e.message() for r, e in got if e is not None] == [he.value.message()]
 
 
 def _bytes_input(module: Any, images: list[bytes]) -> Any:
