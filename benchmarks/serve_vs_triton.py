@@ -7,7 +7,7 @@ Both servers serve the same ONNX files (ResNet-18 at 224x224, random init; a sma
 same batching settings (max batch 32, the same queue delay, 1 instance, the same ONNX Runtime threads). Triton
 runs them through its Python backend (``execute`` calls ONNX Runtime on the whole batch Triton hands it) with its
 own dynamic batcher — the recipe of docs/shared serving.md; its venv lives in /tmp, never in the repository.
-Both servers speak HTTP and gRPC. Two load tools drive them, closed loop, each in its own process: deskpod's own
+Both servers speak HTTP and gRPC, unary calls and ModelStreamInfer streams (``grpc-stream``: one stream per client). Two load tools drive them, closed loop, each in its own process: deskpod's own
 load generator (deskpod.serve.loadgen, binary tensors over HTTP, raw contents over gRPC) and Triton's C++
 ``perf_analyzer`` (from the ``tritonclient==2.51.0`` wheel, installed into Triton's venv; random FP32 inputs,
 synchronous, one request per client). The load generator checks every server's first answer against a direct
@@ -253,7 +253,8 @@ def perf_level(port: int, protocol: str, model: str, concurrency: int, duration:
     binary, env = perf_analyzer()
     with tempfile.TemporaryDirectory(prefix="deskpod-pa-") as tmp:
         csv = Path(tmp) / "pa.csv"
-        cmd = [str(binary), "-m", model, "-u", f"127.0.0.1:{port}", "-i", protocol, "-b", "1",
+        wire = ["-i", "grpc", "--streaming"] if protocol == "grpc-stream" else ["-i", protocol]
+        cmd = [str(binary), "-m", model, "-u", f"127.0.0.1:{port}", *wire, "-b", "1",
                "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-mode", "time_windows",
                "--measurement-interval", str(int(duration * 1000 / 3)), "--max-trials", "3",
                "--stability-percentage", "999", "--percentile", "99", "-f", str(csv)]  # fmt: skip
@@ -388,7 +389,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both servers)")
     ap.add_argument("--delay-us", type=int, default=0, help="max queue delay (both servers)")
     ap.add_argument("--repeats", type=int, default=2, help="alternating repeats of every level")
-    ap.add_argument("--protocols", default="http,grpc", help="protocols to compare on (default http,grpc)")
+    ap.add_argument(
+        "--protocols",
+        default="http,grpc,grpc-stream",
+        help="protocols to compare on (default http,grpc,grpc-stream: ModelStreamInfer, one stream per client)",
+    )
     ap.add_argument("--no-perf-analyzer", action="store_true", help="only deskpod's load generator")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--_load")
@@ -414,8 +419,8 @@ def main() -> None:
     servers = ["deskpod"] + ([] if args.no_triton else ["triton"])
     procs: dict[str, tuple[subprocess.Popen[bytes], Ports]] = {}
     protocols = [p for p in args.protocols.split(",") if p]
-    if not set(protocols) <= {"http", "grpc"} or not protocols:
-        raise SystemExit(f"--protocols {args.protocols!r}: give http, grpc or both (comma-separated)")
+    if not set(protocols) <= {"http", "grpc", "grpc-stream"} or not protocols:
+        raise SystemExit(f"--protocols {args.protocols!r}: give some of http, grpc, grpc-stream (comma-separated)")
     tools = ["loadgen"] + ([] if args.no_triton or args.no_perf_analyzer else ["perf_analyzer"])
     if "perf_analyzer" in tools:
         perf_analyzer()
@@ -423,7 +428,7 @@ def main() -> None:
     def measure(
         server: str, model: str, c: int, duration: float, rep: int, protocol: str = "http", tool: str = "loadgen"
     ) -> dict[str, Any]:
-        port = procs[server][1][protocol]
+        port = procs[server][1]["http" if protocol == "http" else "grpc"]
         if tool == "loadgen":
             r = load(port, protocol, model, c, duration, w)
         else:
