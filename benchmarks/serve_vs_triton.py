@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -267,7 +268,7 @@ def perf_level(port: int, protocol: str, model: str, concurrency: int, duration:
         "throughput": float(rec["Inferences/Second"]),
         "p50_ms": float(rec["p50 latency"]) / 1000,
         "p99_ms": float(rec["p99 latency"]) / 1000,
-        "errors": 0,  # perf_analyzer fails the whole run on any error
+        "errors": {},  # perf_analyzer fails the whole run on any error
     }
 
 
@@ -324,9 +325,16 @@ def _paired(rows: list[dict[str, Any]], a: Level, b: Level) -> dict[str, Any]:
         return {r["repeat"]: r for r in rows if _key(r) == key}
 
     ra, rb = level(a), level(b)
-    reps = sorted(set(ra) & set(rb))
+    both = sorted(set(ra) & set(rb))
+    crashed = {"a": [i for i in both if "server-crashed" in ra[i]["errors"]],
+               "b": [i for i in both if "server-crashed" in rb[i]["errors"]]}  # fmt: skip
+    reps = [i for i in both if i not in crashed["a"] and i not in crashed["b"]]
     ratios = [ra[i]["throughput"] / rb[i]["throughput"] for i in reps]
+    if not reps:
+        return {"ratios": [], "median": math.nan, "throughput": [math.nan, math.nan], "p99_ms": [math.nan, math.nan],
+                "p50_ms": [math.nan, math.nan], "crashed_repeats": crashed}  # fmt: skip
     return {
+        "crashed_repeats": crashed,
         "ratios": [round(x, 3) for x in ratios],
         "median": float(np.median(ratios)),
         "throughput": [
@@ -377,6 +385,11 @@ def markdown(summary: dict[str, Any]) -> str:
                 f"| {v['tool']} | {v['protocol']} | {v['model']} | {v['concurrency']} | {v['throughput'][0]:.1f} | "
                 f"{v['throughput'][1]:.1f} | **{v['median']:.2f}x** ({', '.join(f'{x:.2f}' for x in v['ratios'])}) "
                 f"| {v['p99_ms'][0]:.2f} | {v['p99_ms'][1]:.2f} |"
+                + (
+                    f" crashed in repeat(s): deskpod {v['crashed_repeats']['a']}, Triton {v['crashed_repeats']['b']}"
+                    if v["crashed_repeats"]["a"] or v["crashed_repeats"]["b"]
+                    else ""
+                )
             )
     return "\n".join(out)
 
@@ -429,10 +442,24 @@ def main() -> None:
         server: str, model: str, c: int, duration: float, rep: int, protocol: str = "http", tool: str = "loadgen"
     ) -> dict[str, Any]:
         port = procs[server][1]["http" if protocol == "http" else "grpc"]
-        if tool == "loadgen":
-            r = load(port, protocol, model, c, duration, w)
-        else:
-            r = perf_level(port, protocol, model, c, duration)
+        try:
+            r = (
+                load(port, protocol, model, c, duration, w)
+                if tool == "loadgen"
+                else perf_level(port, protocol, model, c, duration)
+            )
+            if procs[server][0].poll() is not None:
+                raise RuntimeError("the server died during the level")
+        except (RuntimeError, subprocess.CalledProcessError):
+            if procs[server][0].poll() is None:
+                raise
+            # The server crashed under this load (Triton 2.51's Python backend has, under 32 streams): the level
+            # is recorded as such and the server started again for the levels after it.
+            print(f"{server} died at {tool} {protocol} {model} c={c} (exit {procs[server][0].returncode}); restarting",
+                  flush=True)  # fmt: skip
+            r = {"throughput": 0.0, "p50_ms": math.nan, "p99_ms": math.nan, "errors": {"server-crashed": 1}}
+            models = ["mlp", "resnet18"] if server == "triton" else ["mlp", "resnet18", "mlp_b1", "resnet18_b1"]
+            procs[server] = (start_triton if server == "triton" else start_deskpod)(repos[server], models)
         r.update(server=server, model=model, concurrency=c, repeat=rep, protocol=protocol, tool=tool)
         rows.append(r)
         print(
