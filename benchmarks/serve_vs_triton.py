@@ -259,7 +259,10 @@ def perf_level(port: int, protocol: str, model: str, concurrency: int, duration:
                "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-mode", "time_windows",
                "--measurement-interval", str(int(duration * 1000 / 3)), "--max-trials", "3",
                "--stability-percentage", "999", "--percentile", "99", "-f", str(csv)]  # fmt: skip
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration * 10 + 60)
+        try:
+            run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=duration * 4 + 30)
+        except subprocess.TimeoutExpired:  # it waits without end on a server that died under it
+            raise RuntimeError(f"perf_analyzer did not finish within {duration * 4 + 30:.0f} s") from None
         if run.returncode != 0 or not csv.exists():
             raise RuntimeError(f"perf_analyzer exit {run.returncode}: {(run.stdout + run.stderr)[-2000:]}")
         head, row = csv.read_text().splitlines()[:2]
