@@ -327,7 +327,6 @@ def test_bench_serve_over_grpc(both: Both, protocol: str, capsys: pytest.Capture
 
 def test_load_generator_over_grpc_checks_and_counts_errors_by_code(both: Both) -> None:
     import asyncio
-
     from dataclasses import replace
 
     from deskpod.errors import RunError
@@ -346,7 +345,7 @@ def test_load_generator_over_grpc_checks_and_counts_errors_by_code(both: Both) -
     assert r.ok == 0 and r.errors.get("INVALID_ARGUMENT", 0) > 0
     r = asyncio.run(closed_loop(replace(spec, protocol="grpc-stream"), 2))  # an error message on the stream each time
     assert r.ok == 0 and r.errors.get("stream-error", 0) > 0
-    with pytest.raises(RunError, match="stream-error.*shape"):
+    with pytest.raises(RunError, match=r"stream-error.*shape"):
         asyncio.run(check(replace(spec, protocol="grpc-stream")))
 
 
