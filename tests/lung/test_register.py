@@ -165,8 +165,9 @@ def test_the_followup_phantom_pair_registers_onto_its_truth(tmp_path: Path) -> N
     truth = json.loads((out / "truth.json").read_text())
     current, prior = read_scan(out / "current.mhd"), read_scan(out / "prior.mhd")
     reg = register_rigid(current, prior)
-    # Seeded samples: the same scans give the same map every time (seed 0 would be SimpleITK's wall clock).
-    np.testing.assert_allclose(register_rigid(current, prior).matrix, reg.matrix, rtol=0, atol=1e-9)
+    # Seeded samples: the same scans give the same map every time, up to the last digits of sums that the
+    # metric's threads add up in varying order (~2e-6 mm seen). SimpleITK's wall-clock seed (0) moved maps 0.03.
+    np.testing.assert_allclose(register_rigid(current, prior).matrix, reg.matrix, rtol=0, atol=1e-4)
     with pytest.raises(ValueError, match="seed 0 is SimpleITK's wall-clock seed"):
         register_rigid(current, prior, seed=0)
     both = [n for n in truth["nodules"] if n.get("prior") and n.get("current")]
