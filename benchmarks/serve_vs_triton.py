@@ -45,6 +45,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 TRITON_HOME = Path("/tmp/deskpod-triton")
 MODELS = {"mlp": (1, 28, 28), "resnet18": (3, 224, 224)}
+SERVED = {"deskpod": ["mlp", "resnet18", "mlp_b1", "resnet18_b1"], "triton": ["mlp", "resnet18"]}
+"""The models each server loads (deskpod also the batch-1 copies, the reference for the batching gain)."""
 
 TRITON_MODEL_PY = """
 import json, os, sys
@@ -461,8 +463,7 @@ def main() -> None:
             print(f"{server} died at {tool} {protocol} {model} c={c} (exit {procs[server][0].returncode}); restarting",
                   flush=True)  # fmt: skip
             r = {"throughput": 0.0, "p50_ms": math.nan, "p99_ms": math.nan, "errors": {"server-crashed": 1}}
-            models = ["mlp", "resnet18"] if server == "triton" else ["mlp", "resnet18", "mlp_b1", "resnet18_b1"]
-            procs[server] = (start_triton if server == "triton" else start_deskpod)(repos[server], models)
+            procs[server] = (start_triton if server == "triton" else start_deskpod)(repos[server], SERVED[server])
         r.update(server=server, model=model, concurrency=c, repeat=rep, protocol=protocol, tool=tool)
         rows.append(r)
         print(
@@ -475,9 +476,9 @@ def main() -> None:
     try:
         # Both servers stay up (an idle server costs next to nothing); levels alternate between them and repeat,
         # so drift in the machine's background load hits both alike.
-        procs["deskpod"] = start_deskpod(repos["deskpod"], ["mlp", "resnet18", "mlp_b1", "resnet18_b1"])
+        procs["deskpod"] = start_deskpod(repos["deskpod"], SERVED["deskpod"])
         if "triton" in servers:
-            procs["triton"] = start_triton(repos["triton"], ["mlp", "resnet18"])
+            procs["triton"] = start_triton(repos["triton"], SERVED["triton"])
         for rep in range(args.repeats):
             for model in ("mlp", "resnet18"):
                 dur = d if model == "mlp" else d * 1.5

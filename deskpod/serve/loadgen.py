@@ -235,7 +235,11 @@ def decode_grpc_response(data: bytes) -> dict[str, np.ndarray]:
     """The outputs of a serialized ``ModelInferResponse`` (raw output contents, as Triton and deskpod send)."""
     from tritonclient.grpc import service_pb2 as pb
 
-    resp = pb.ModelInferResponse.FromString(data)
+    return _outputs(pb.ModelInferResponse.FromString(data))
+
+
+def _outputs(resp: Any) -> dict[str, np.ndarray]:
+    """The outputs of a parsed ``ModelInferResponse``."""
     out: dict[str, np.ndarray] = {}
     for t, raw in zip(resp.outputs, resp.raw_output_contents, strict=True):
         shape = tuple(t.shape)
@@ -272,16 +276,16 @@ async def check(spec: LoadSpec) -> dict[str, np.ndarray]:
         status, body, hl = await conn.request(spec.request_bytes())
     finally:
         await _close([conn])
-    if status == "stream-error":
+    streamed = None
+    if spec.protocol == "grpc-stream" and status in (200, "stream-error"):
         from tritonclient.grpc import service_pb2 as pb
 
-        body = pb.ModelStreamInferResponse.FromString(body).error_message.encode()
+        streamed = pb.ModelStreamInferResponse.FromString(body)
+        body = streamed.error_message.encode() or body
     if status != 200:
         raise RunError(f"server answered {status} to a check request: {body[:300]!r}")
-    if spec.protocol == "grpc-stream":
-        from tritonclient.grpc import service_pb2 as pb
-
-        return decode_grpc_response(pb.ModelStreamInferResponse.FromString(body).infer_response.SerializeToString())
+    if streamed is not None:
+        return _outputs(streamed.infer_response)
     return decode_grpc_response(body) if spec.protocol == "grpc" else decode_response(body, hl)
 
 
