@@ -69,3 +69,35 @@ _B = b'{"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "parameters":
 def test_malformed_requests_name_the_problem(body: bytes, hl: int | None, fragment: str) -> None:
     with pytest.raises(ProtocolError, match=fragment):
         decode_request(body, hl)
+
+
+def test_a_binary_head_is_the_json_the_standard_library_writes() -> None:
+    """The binary head comes from orjson: the same JSON as json.dumps, a non-ASCII id and name included."""
+    out = {"logits": np.ones((1, 3), np.float32), "ünïcode": np.zeros((1, 1), np.int64)}
+    body, hl = encode_request({"x": np.zeros((1, 2), np.float32)})
+    req = decode_request(body, hl)
+    req.id = "réq-1"
+    rbody, rhl = encode_response("modèle", "1", out, req)
+    assert rhl is not None
+    head = {"model_name": "modèle", "model_version": "1", "id": "réq-1", "outputs": [
+        {"name": "logits", "datatype": "FP32", "shape": [1, 3], "parameters": {"binary_data_size": 12}},
+        {"name": "ünïcode", "datatype": "INT64", "shape": [1, 1], "parameters": {"binary_data_size": 8}},
+    ]}  # fmt: skip
+    assert json.loads(rbody[:rhl]) == head
+    assert rbody[rhl:] == out["logits"].tobytes() + out["ünïcode"].tobytes()
+
+
+def test_what_orjson_refuses_is_read_and_written_as_before() -> None:
+    """NaN, integers past 64 bits and a lone surrogate: json.loads accepts them, and the answer still goes out."""
+    body = b'{"id": "a\\ud800", "inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [NaN, 1]}]}'
+    req = decode_request(body, None)
+    assert np.isnan(req.inputs["x"][0]) and req.inputs["x"][1] == 1 and req.id == "a\ud800"
+    big = b'{"inputs": [{"name": "x", "shape": [1], "datatype": "UINT64", "data": [18446744073709551616]}]}'
+    with pytest.raises(ProtocolError, match="UINT64"):  # past 64 bits: json reads it, the tensor refuses it
+        decode_request(big, None)
+    req.binary_default = True
+    rbody, rhl = encode_response("m", "1", {"y": np.ones((1,), np.float32)}, req)
+    assert rhl is not None and json.loads(rbody[:rhl])["id"] == "a\ud800"  # json's escape, not orjson's refusal
+    req.binary_default = False
+    rbody, rhl = encode_response("m", "1", {"y": np.array([np.nan], np.float32)}, req)
+    assert rhl is None and b"NaN" in rbody  # values as JSON: written by json, NaN as before
