@@ -19,11 +19,14 @@ Measured, as paired ratios within this run (the 2 cores are shared, absolute num
     flight on it), beside unary gRPC;
   * throughput at 32 clients with the load generator, gRPC / HTTP, and the server's CPU time per request there
     (user + system from /proc/PID/stat over the level, divided by the requests answered): the server's own cost,
-    free of the client's;
+    free of the client's; and the rows per execution there (the model's statistics: how well requests batch);
   * grpcio's own floor: one synchronous grpcio channel in this process sends the very bytes of the MLP's
     ModelInferRequest (raw contents) to deskpod's ModelInfer and, alternating call by call, to a bare
     ``grpc.aio`` server in its own process whose one generic handler answers deskpod's own reply bytes without
-    reading the request (no deskpod code): p50 of each and what deskpod adds over that floor.
+    reading the request (no deskpod code): p50 of each and what deskpod adds over that floor;
+  * grpcio's own ceiling: the load generator's unary gRPC at 32 clients against that bare server (on uvloop,
+    as deskpod serves), and against the same server making one round trip per call to a one-thread pool (what a
+    batch does to its model instance's thread): throughput, server CPU per request, and deskpod's over each.
 Prints a table and JSON; writes the JSON to --out when given.
 """
 
@@ -37,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -175,15 +179,21 @@ def loadgen(url: str, protocol: str, concurrency: int, duration: float, warmup: 
 
 
 def _echo_main(port_file: str) -> None:
-    """A bare grpc.aio server: every unary call to any method is answered with the ``ECHO_REPLY`` bytes."""
+    """A bare grpc.aio server on uvloop (deskpod's loop): every unary call to any method is answered with the
+    ``ECHO_REPLY`` bytes. With ``ECHO_HOP=1`` each call first makes one round trip to a one-thread pool, as a
+    request's batch does to its model instance's thread (`deskpod.serve.batcher`), doing nothing there."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     import grpc
 
     async def serve() -> None:
         reply = bytes.fromhex(os.environ["ECHO_REPLY"])
+        pool, hop = ThreadPoolExecutor(1), os.environ.get("ECHO_HOP") == "1"
 
         async def handle(request: bytes, context: Any) -> bytes:
+            if hop:
+                await asyncio.get_running_loop().run_in_executor(pool, int)
             return reply
 
         class AnyMethod(grpc.GenericRpcHandler):
@@ -197,7 +207,31 @@ def _echo_main(port_file: str) -> None:
         Path(port_file).write_text(str(port))
         await server.wait_for_termination()
 
-    asyncio.run(serve())
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve())
+    else:
+        uvloop.run(serve())
+
+
+def start_echo(reply: bytes, hop: bool, port_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A bare server (`_echo_main`) in its own process, and the address it listens on."""
+    port_file.unlink(missing_ok=True)
+    env = {**os.environ, "ECHO_REPLY": reply.hex(), "ECHO_HOP": "1" if hop else "0"}
+    echo = subprocess.Popen([sys.executable, __file__, "--_echo", str(port_file)], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not port_file.exists() or not port_file.read_text():
+        if time.monotonic() > deadline or echo.poll() is not None:
+            echo.kill()
+            raise SystemExit("the bare grpc.aio server did not start")
+        time.sleep(0.1)
+    return echo, f"127.0.0.1:{port_file.read_text()}"
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 def grpc_floor(deskpod_url: str, x: np.ndarray, seconds: float, tmp: Path) -> dict[str, float]:
@@ -212,16 +246,9 @@ def grpc_floor(deskpod_url: str, x: np.ndarray, seconds: float, tmp: Path) -> di
     reply = infer(request)
     if decode_grpc_response(reply)["logits"].shape != (1, 10):
         raise SystemExit("deskpod's ModelInfer answered something other than [1, 10] logits")
-    port_file = tmp / "echo.port"
-    env = {**os.environ, "ECHO_REPLY": reply.hex()}
-    echo = subprocess.Popen([sys.executable, __file__, "--_echo", str(port_file)], env=env, cwd=ROOT)
+    echo, url = start_echo(reply, False, tmp / "echo.port")
     try:
-        deadline = time.monotonic() + 60
-        while not port_file.exists() or not port_file.read_text():
-            if time.monotonic() > deadline or echo.poll() is not None:
-                raise SystemExit("the bare grpc.aio server did not start")
-            time.sleep(0.1)
-        bare_channel = grpc.insecure_channel(f"127.0.0.1:{port_file.read_text()}")
+        bare_channel = grpc.insecure_channel(url)
         bare = bare_channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         if bare(request) != reply:
             raise SystemExit("the bare grpc.aio server answered other bytes")
@@ -237,11 +264,39 @@ def grpc_floor(deskpod_url: str, x: np.ndarray, seconds: float, tmp: Path) -> di
                 times[name].append(time.perf_counter() - t0)
         bare_channel.close()
     finally:
-        echo.terminate()
-        echo.wait(timeout=30)
-        port_file.unlink(missing_ok=True)
+        stop(echo)
         channel.close()
     return {k: statistics.median(v) * 1000 for k, v in times.items()}
+
+
+def bare_at_32(deskpod_url: str, x: np.ndarray, duration: float, warmup: float, tmp: Path) -> list[dict[str, Any]]:
+    """The load generator's unary gRPC at 32 clients against the bare server, without and with its thread hop:
+    grpcio's own ceiling on this box, and its server CPU per request."""
+    import grpc
+
+    from deskpod.serve.loadgen import grpc_request
+
+    request = grpc_request("mlp", {"input": x}).SerializeToString()
+    with grpc.insecure_channel(deskpod_url) as channel:
+        reply = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(request)
+    rows = []
+    for hop in (False, True):
+        echo, url = start_echo(reply, hop, tmp / "echo.port")
+        try:
+            c0 = cpu_s(echo.pid)
+            r = loadgen(url, "grpc", 32, duration, warmup)
+            r["server_us_per_request"] = (cpu_s(echo.pid) - c0) / (r["ok"] * (duration + warmup) / duration) * 1e6
+        finally:
+            stop(echo)
+        rows.append({"tool": "bare_grpc", "protocol": "hop" if hop else "bare", "clients": 32, **r})
+    return rows
+
+
+def stats(http_url: str) -> tuple[int, int]:
+    """The MLP's (inference count, execution count) so far, from the server's statistics."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/mlp/stats", timeout=30) as resp:
+        s = json.load(resp)["model_stats"][0]
+    return int(s["inference_count"]), int(s["execution_count"])
 
 
 def main() -> None:
@@ -271,9 +326,11 @@ def main() -> None:
                 order = ["http", "grpc"] if rep % 2 == 0 else ["grpc", "http"]
                 for c in (1, 32):
                     for p in [*order, "grpc-stream"] if rep % 2 == 0 else ["grpc-stream", *order]:
-                        c0 = cpu_s(proc.pid)
+                        c0, (n0, e0) = cpu_s(proc.pid), stats(urls["http"])
                         r = loadgen(urls["http" if p == "http" else "grpc"], p, c, a.duration, a.warmup)
                         r["server_cpu_s"] = cpu_s(proc.pid) - c0  # over warm-up and measured part
+                        n1, e1 = stats(urls["http"])
+                        r["mean_batch"] = (n1 - n0) / max(e1 - e0, 1)  # rows per execution, warm-up included
                         r["server_us_per_request"] = (
                             r["server_cpu_s"] / (r["ok"] * (a.duration + a.warmup) / a.duration) * 1e6
                         )
@@ -284,6 +341,8 @@ def main() -> None:
                 floor = grpc_floor(urls["grpc"], x, a.duration, Path(tmp))
                 for server, p50 in floor.items():
                     rows.append({"tool": "raw_grpc", "protocol": server, "clients": 1, "repeat": rep, "p50_ms": p50})
+                for r in bare_at_32(urls["grpc"], x, a.duration, a.warmup, Path(tmp)):
+                    rows.append({**r, "repeat": rep})
             stop_stream()
         finally:
             proc.terminate()
@@ -321,8 +380,16 @@ def summarize(rows: list[dict[str, Any]], direct_ms: float, repeats: int) -> dic
     out["server_us_per_request_32"] = {
         p: round(statistics.median(each("loadgen", p, 32, "server_us_per_request")), 1) for p in PROTOCOLS
     }
+    out["mean_batch_32"] = {p: round(statistics.median(each("loadgen", p, 32, "mean_batch")), 2) for p in PROTOCOLS}
     for p in PROTOCOLS[1:]:
         out[f"throughput_32_{p}_over_http"] = ratio(tput[p], tput["http"])
+    for k in ("bare", "hop"):
+        bare = each("bare_grpc", k, 32, "throughput")
+        out[f"bare_{k}_throughput_32"] = round(statistics.median(bare), 1)
+        out[f"bare_{k}_us_per_request_32"] = round(
+            statistics.median(each("bare_grpc", k, 32, "server_us_per_request")), 1
+        )
+        out[f"throughput_32_grpc_over_bare_{k}"] = ratio(tput["grpc"], bare)
     raw = {k: each("raw_grpc", k, 1, "p50_ms") for k in ("deskpod", "bare")}
     out["raw_grpc_p50_ms"] = {k: round(statistics.median(v), 4) for k, v in raw.items()}
     out["raw_grpc_deskpod_minus_bare_ms"] = round(
@@ -347,11 +414,19 @@ def table(s: dict[str, Any]) -> str:
     u = s["server_us_per_request_32"]
     row("server CPU us/request, 32 clients", u,
         [{"median": u[p] / u["http"], "per_repeat": []} for p in PROTOCOLS[1:]], ".1f")  # fmt: skip
+    row("rows per execution, 32 clients", s["mean_batch_32"], [], ".2f")
     r = s["raw_grpc_p50_ms"]
     lines.append(
         f"raw gRPC p50 ms: deskpod ModelInfer {r['deskpod']:.3f}, bare grpc.aio {r['bare']:.3f}, "
         f"deskpod adds {s['raw_grpc_deskpod_minus_bare_ms']:.3f} (direct ORT {s['direct_ort_p50_ms']:.3f})"
     )
+    for k, what in (("bare", "bare grpc.aio"), ("hop", "bare grpc.aio + one thread hop per call")):
+        g = s[f"throughput_32_grpc_over_bare_{k}"]
+        lines.append(
+            f"{what} at 32 clients (loadgen): {s[f'bare_{k}_throughput_32']:.1f} req/s, "
+            f"{s[f'bare_{k}_us_per_request_32']:.1f} us server CPU/request; deskpod's unary gRPC / it: "
+            f"{g['median']:.2f} {g['per_repeat']}"
+        )
     return "\n".join(lines)
 
 
