@@ -25,14 +25,16 @@ Measured, as paired ratios within this run (the 2 cores are shared, absolute num
     ``grpc.aio`` server in its own process whose one generic handler answers deskpod's own reply bytes without
     reading the request (no deskpod code): p50 of each and what deskpod adds over that floor;
   * grpcio's own ceiling: the load generator's unary gRPC at 32 clients against that bare server (on uvloop,
-    as deskpod serves), and against the same server making one round trip per call to a one-thread pool (what a
-    batch does to its model instance's thread): throughput, server CPU per request, and deskpod's over each.
+    as deskpod serves); against the same server making one round trip per call to a one-thread pool (what a
+    batch does to its model instance's thread); and with that thread running the MLP in ONNX Runtime (deskpod's
+    session settings, one row per call): throughput, server CPU per request, and deskpod's over each.
 Prints a table and JSON; writes the JSON to --out when given.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -181,7 +183,9 @@ def loadgen(url: str, protocol: str, concurrency: int, duration: float, warmup: 
 def _echo_main(port_file: str) -> None:
     """A bare grpc.aio server on uvloop (deskpod's loop): every unary call to any method is answered with the
     ``ECHO_REPLY`` bytes. With ``ECHO_HOP=1`` each call first makes one round trip to a one-thread pool, as a
-    request's batch does to its model instance's thread (`deskpod.serve.batcher`), doing nothing there."""
+    request's batch does to its model instance's thread (`deskpod.serve.batcher`), doing nothing there; with
+    ``ECHO_ONNX=PATH`` as well, that thread runs the MLP there (ONNX Runtime with deskpod's session settings, on
+    one row of zeros), and the reply is still the fixed bytes."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
@@ -190,10 +194,19 @@ def _echo_main(port_file: str) -> None:
     async def serve() -> None:
         reply = bytes.fromhex(os.environ["ECHO_REPLY"])
         pool, hop = ThreadPoolExecutor(1), os.environ.get("ECHO_HOP") == "1"
+        work: Any = int
+        if os.environ.get("ECHO_ONNX"):
+            from deskpod.serve.repository import read_config
+            from deskpod.serve.runtimes import OnnxRuntime
+
+            path = Path(os.environ["ECHO_ONNX"])
+            runtime = OnnxRuntime(path, read_config(path.parent.parent))
+            zeros = {"input": np.zeros((1, *SHAPE), np.float32)}
+            work = functools.partial(runtime.run, zeros)
 
         async def handle(request: bytes, context: Any) -> bytes:
             if hop:
-                await asyncio.get_running_loop().run_in_executor(pool, int)
+                await asyncio.get_running_loop().run_in_executor(pool, work)
             return reply
 
         class AnyMethod(grpc.GenericRpcHandler):
@@ -215,10 +228,12 @@ def _echo_main(port_file: str) -> None:
         uvloop.run(serve())
 
 
-def start_echo(reply: bytes, hop: bool, port_file: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_echo(
+    reply: bytes, hop: bool, port_file: Path, onnx: Path | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """A bare server (`_echo_main`) in its own process, and the address it listens on."""
     port_file.unlink(missing_ok=True)
-    env = {**os.environ, "ECHO_REPLY": reply.hex(), "ECHO_HOP": "1" if hop else "0"}
+    env = {**os.environ, "ECHO_REPLY": reply.hex(), "ECHO_HOP": "1" if hop else "0", "ECHO_ONNX": str(onnx or "")}
     echo = subprocess.Popen([sys.executable, __file__, "--_echo", str(port_file)], env=env, cwd=ROOT)
     deadline = time.monotonic() + 60
     while not port_file.exists() or not port_file.read_text():
@@ -269,9 +284,12 @@ def grpc_floor(deskpod_url: str, x: np.ndarray, seconds: float, tmp: Path) -> di
     return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
 
-def bare_at_32(deskpod_url: str, x: np.ndarray, duration: float, warmup: float, tmp: Path) -> list[dict[str, Any]]:
-    """The load generator's unary gRPC at 32 clients against the bare server, without and with its thread hop:
-    grpcio's own ceiling on this box, and its server CPU per request."""
+def bare_at_32(
+    deskpod_url: str, x: np.ndarray, duration: float, warmup: float, tmp: Path, onnx: Path
+) -> list[dict[str, Any]]:
+    """The load generator's unary gRPC at 32 clients against the bare server: alone, with its thread hop, and
+    with the MLP's ONNX Runtime call on that thread (`BARE_STEPS`): grpcio's own ceiling on this box, step by
+    step towards what deskpod does, and the server CPU per request of each."""
     import grpc
 
     from deskpod.serve.loadgen import grpc_request
@@ -280,16 +298,23 @@ def bare_at_32(deskpod_url: str, x: np.ndarray, duration: float, warmup: float, 
     with grpc.insecure_channel(deskpod_url) as channel:
         reply = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(request)
     rows = []
-    for hop in (False, True):
-        echo, url = start_echo(reply, hop, tmp / "echo.port")
+    for step in BARE_STEPS:
+        echo, url = start_echo(reply, step != "bare", tmp / "echo.port", onnx if step == "hop+ort" else None)
         try:
             c0 = cpu_s(echo.pid)
             r = loadgen(url, "grpc", 32, duration, warmup)
             r["server_us_per_request"] = (cpu_s(echo.pid) - c0) / (r["ok"] * (duration + warmup) / duration) * 1e6
         finally:
             stop(echo)
-        rows.append({"tool": "bare_grpc", "protocol": "hop" if hop else "bare", "clients": 32, **r})
+        rows.append({"tool": "bare_grpc", "protocol": step, "clients": 32, **r})
     return rows
+
+
+BARE_STEPS = {
+    "bare": "bare grpc.aio",
+    "hop": "bare grpc.aio + one thread hop per call",
+    "hop+ort": "bare grpc.aio + the hop running the MLP in ONNX Runtime",
+}
 
 
 def stats(http_url: str) -> tuple[int, int]:
@@ -341,7 +366,7 @@ def main() -> None:
                 floor = grpc_floor(urls["grpc"], x, a.duration, Path(tmp))
                 for server, p50 in floor.items():
                     rows.append({"tool": "raw_grpc", "protocol": server, "clients": 1, "repeat": rep, "p50_ms": p50})
-                for r in bare_at_32(urls["grpc"], x, a.duration, a.warmup, Path(tmp)):
+                for r in bare_at_32(urls["grpc"], x, a.duration, a.warmup, Path(tmp), onnx_path):
                     rows.append({**r, "repeat": rep})
             stop_stream()
         finally:
@@ -383,7 +408,7 @@ def summarize(rows: list[dict[str, Any]], direct_ms: float, repeats: int) -> dic
     out["mean_batch_32"] = {p: round(statistics.median(each("loadgen", p, 32, "mean_batch")), 2) for p in PROTOCOLS}
     for p in PROTOCOLS[1:]:
         out[f"throughput_32_{p}_over_http"] = ratio(tput[p], tput["http"])
-    for k in ("bare", "hop"):
+    for k in BARE_STEPS:
         bare = each("bare_grpc", k, 32, "throughput")
         out[f"bare_{k}_throughput_32"] = round(statistics.median(bare), 1)
         out[f"bare_{k}_us_per_request_32"] = round(
@@ -420,7 +445,7 @@ def table(s: dict[str, Any]) -> str:
         f"raw gRPC p50 ms: deskpod ModelInfer {r['deskpod']:.3f}, bare grpc.aio {r['bare']:.3f}, "
         f"deskpod adds {s['raw_grpc_deskpod_minus_bare_ms']:.3f} (direct ORT {s['direct_ort_p50_ms']:.3f})"
     )
-    for k, what in (("bare", "bare grpc.aio"), ("hop", "bare grpc.aio + one thread hop per call")):
+    for k, what in BARE_STEPS.items():
         g = s[f"throughput_32_grpc_over_bare_{k}"]
         lines.append(
             f"{what} at 32 clients (loadgen): {s[f'bare_{k}_throughput_32']:.1f} req/s, "
