@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -161,6 +163,42 @@ def run_batch(
     return results
 
 
+class InstanceThread:
+    """A model instance's own thread: runs one call at a time and resolves its asyncio future on the loop."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put((loop, fut, fn, args))
+        return fut
+
+    def _main(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, fut, fn, args = job
+            try:
+                result, exc = fn(*args), None
+            except BaseException as e:  # handed to the awaiting coroutine, as run_in_executor does
+                result, exc = None, e
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, fut, result, exc)
+
+    def shutdown(self) -> None:
+        self._jobs.put(None)
+
+
+def _resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if not fut.done():
+        if exc is None:
+            fut.set_result(result)
+        else:
+            fut.set_exception(exc)
+
+
 def _wake(w: asyncio.Future[None]) -> None:
     if not w.done():
         w.set_result(None)
@@ -185,7 +223,7 @@ class Batcher:
         self.instances = list(instances)
         self.stats = stats
         self.clock = clock
-        self._executors = [ThreadPoolExecutor(1, thread_name_prefix="deskpod-instance") for _ in instances]
+        self._executors = [InstanceThread(f"deskpod-instance_{i}") for i in range(len(self.instances))]
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False
@@ -239,7 +277,6 @@ class Batcher:
                 timer.cancel()
 
     async def _work(self, index: int) -> None:
-        loop = asyncio.get_running_loop()
         runtime, executor = self.instances[index], self._executors[index]
         batched = self.queue.max_batch_size > 0
         while not self._closed:
@@ -255,7 +292,7 @@ class Batcher:
                 p.dispatched = now
                 self.stats.record_queue(now - p.arrived)
             try:
-                results = await loop.run_in_executor(executor, run_batch, runtime, batch, batched, self.stats)
+                results = await executor.run(run_batch, runtime, batch, batched, self.stats)
             except Exception as e:
                 err = e if isinstance(e, BatchFailed) else BatchFailed(f"batch of {len(batch)} requests failed: {e}")
                 for p in batch:
@@ -295,6 +332,6 @@ class Batcher:
         if self._workers:
             await asyncio.gather(*self._workers, return_exceptions=True)
         for ex in self._executors:
-            ex.shutdown(wait=False)
+            ex.shutdown()
         for rt in self.instances:
             rt.close()

@@ -213,3 +213,29 @@ def test_instances_run_batches_concurrently() -> None:
         assert all(isinstance(r, dict) for r in results)
 
     asyncio.run(main())
+
+
+def test_an_instance_thread_runs_calls_in_order_and_hands_back_their_errors() -> None:
+    """One thread per instance: calls run one at a time, in order, off the loop; an error reaches the awaiter."""
+    import threading
+
+    from deskpod.serve.batcher import InstanceThread
+
+    seen: list[tuple[int, str]] = []
+
+    def call(i: int) -> int:
+        seen.append((i, threading.current_thread().name))
+        if i == 2:
+            raise KeyError("row 2")
+        return i * 10
+
+    async def main() -> None:
+        t = InstanceThread("deskpod-instance-test")
+        futs = [t.run(call, i) for i in range(4)]
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        t.shutdown()
+        assert results[:2] == [0, 10] and results[3] == 30
+        assert isinstance(results[2], KeyError) and "row 2" in str(results[2])
+        assert seen == [(i, "deskpod-instance-test") for i in range(4)]
+
+    asyncio.run(main())
