@@ -17,27 +17,20 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_tree import ROOT, cli, tree_at
+
 ARGV = ["plan", "predict", "--machine", "dgx1-v100", "--nodes", "1000", "--precision", "fp16", "--json"]
-RUN = """
-import sys
-sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path.insert(0, {tree!r})
-import deskpod
-assert deskpod.__file__.startswith({tree!r}), deskpod.__file__
-from deskpod.cli import main
-sys.exit(main({argv!r}))
-"""
 
 
 def run_once(tree: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", RUN.format(tree=str(tree), argv=ARGV)], check=True, capture_output=True)
+    subprocess.run([*cli(tree), *ARGV], check=True, capture_output=True)
     return (time.perf_counter() - start) * 1e3
 
 
@@ -47,13 +40,7 @@ def main() -> int:
     ap.add_argument("--other", default=None, help="a folder holding another deskpod/ (default: git archive HEAD)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        other = Path(args.other) if args.other else Path(tmp)
-        if not args.other:
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "deskpod"], check=True,
-                                     capture_output=True).stdout  # fmt: skip
-            (Path(tmp) / "head.tar").write_bytes(archive)
-            with tarfile.open(Path(tmp) / "head.tar") as tar:
-                tar.extractall(tmp, filter="data")
+        other = Path(args.other) if args.other else tree_at("HEAD", Path(tmp))
         times: dict[str, list[float]] = {"this tree": [], "other": []}
         for _ in range(args.runs):
             times["this tree"].append(run_once(ROOT))

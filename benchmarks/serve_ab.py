@@ -21,59 +21,21 @@ import json
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_grpc_vs_http import build_repo, cpu_s, loadgen
-
-ROOT = Path(__file__).resolve().parents[1]
-SERVE = """
-import sys
-sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path.insert(0, {tree!r})
-import deskpod
-assert deskpod.__file__.startswith({tree!r}), deskpod.__file__
-from deskpod.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def extract(rev: str, into: Path) -> Path:
-    """``deskpod/`` as it is at ``rev`` (git archive), under ``into``."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "deskpod"], check=True, capture_output=True)
-    into.mkdir(parents=True, exist_ok=True)
-    (into / "rev.tar").write_bytes(archive.stdout)
-    with tarfile.open(into / "rev.tar") as tar:
-        tar.extractall(into, filter="data")
-    return into
+from ab_tree import ROOT, tree_at
+from serve_grpc_vs_http import build_repo, cpu_s, loadgen, start_server
 
 
 def start(tree: Path, repo: Path, port_file: Path) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
-    """`deskpod serve REPO` from ``tree`` on free HTTP and gRPC ports; the process and its addresses."""
-    port_file.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SERVE.format(tree=str(tree)), "serve", str(repo), "--port", "0", "--grpc-port", "0",
-         "--port-file", str(port_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tree,
-    )  # fmt: skip
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"deskpod serve from {tree} exited with {proc.returncode} before it was ready")
-        try:
-            doc = json.loads(port_file.read_text())
-            if doc.get("ready"):
-                return proc, {"http": doc["url"].removeprefix("http://"), "grpc": doc["grpc"]}
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"deskpod serve from {tree} was not ready within 180 s")
+    """`deskpod serve REPO` from ``tree``; the process and its addresses."""
+    proc = start_server(repo, port_file, tree)
+    doc = json.loads(port_file.read_text())
+    return proc, {"http": doc["url"].removeprefix("http://"), "grpc": doc["grpc"]}
 
 
 def main() -> int:
@@ -94,7 +56,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="deskpod-serve-ab-") as tmp:
         build_repo(Path(tmp) / "repo")
-        trees = {"this": ROOT, "other": extract(a.rev, Path(tmp) / "other")}
+        trees = {"this": ROOT, "other": tree_at(a.rev, Path(tmp) / "other")}
         servers = {k: start(t, Path(tmp) / "repo", Path(tmp) / f"{k}.json") for k, t in trees.items()}
         try:
             for rep in range(a.repeats):

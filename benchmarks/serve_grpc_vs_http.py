@@ -48,6 +48,10 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ab_tree import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 2
 SHAPE = (1, 28, 28)
@@ -71,18 +75,19 @@ def build_repo(repo: Path) -> Path:
     return export_model(net, SHAPE, opts) / "model.onnx"
 
 
-def start_server(repo: Path, port_file: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-c", "import sys; from deskpod.cli import main; sys.exit(main(sys.argv[1:]))"]
+def start_server(repo: Path, port_file: Path, tree: Path = ROOT) -> subprocess.Popen[bytes]:
+    """`deskpod serve REPO` on free HTTP and gRPC ports, importing deskpod from ``tree``; returns once it is ready
+    (its port file then holds both addresses)."""
     proc = subprocess.Popen(
-        [*cmd, "serve", str(repo), "--port", "0", "--grpc-port", "0", "--port-file", str(port_file)],
+        [*cli(tree), "serve", str(repo), "--port", "0", "--grpc-port", "0", "--port-file", str(port_file)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        cwd=ROOT,
+        cwd=tree,
     )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"deskpod serve exited with {proc.returncode} before it was ready")
+            raise SystemExit(f"deskpod serve from {tree} exited with {proc.returncode} before it was ready")
         try:
             if json.loads(port_file.read_text()).get("ready"):
                 return proc
@@ -90,7 +95,7 @@ def start_server(repo: Path, port_file: Path) -> subprocess.Popen[bytes]:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise SystemExit("deskpod serve was not ready within 180 s")
+    raise SystemExit(f"deskpod serve from {tree} was not ready within 180 s")
 
 
 def direct_ort(path: Path, x: np.ndarray, n: int = 2000) -> tuple[float, np.ndarray]:

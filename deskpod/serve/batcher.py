@@ -223,7 +223,7 @@ class Batcher:
         self.instances = list(instances)
         self.stats = stats
         self.clock = clock
-        self._executors = [InstanceThread(f"deskpod-instance_{i}") for i in range(len(self.instances))]
+        self._threads = [InstanceThread(f"deskpod-instance_{i}") for i in range(len(self.instances))]
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._workers: list[asyncio.Task[None]] = []
         self._closed = False
@@ -277,7 +277,7 @@ class Batcher:
                 timer.cancel()
 
     async def _work(self, index: int) -> None:
-        runtime, executor = self.instances[index], self._executors[index]
+        runtime, thread = self.instances[index], self._threads[index]
         batched = self.queue.max_batch_size > 0
         while not self._closed:
             batch = self.queue.take(self.clock())
@@ -292,7 +292,7 @@ class Batcher:
                 p.dispatched = now
                 self.stats.record_queue(now - p.arrived)
             try:
-                results = await executor.run(run_batch, runtime, batch, batched, self.stats)
+                results = await thread.run(run_batch, runtime, batch, batched, self.stats)
             except Exception as e:
                 err = e if isinstance(e, BatchFailed) else BatchFailed(f"batch of {len(batch)} requests failed: {e}")
                 for p in batch:
@@ -331,7 +331,7 @@ class Batcher:
             _wake(w)
         if self._workers:
             await asyncio.gather(*self._workers, return_exceptions=True)
-        for ex in self._executors:
-            ex.shutdown()
+        for thread in self._threads:
+            thread.shutdown()
         for rt in self.instances:
             rt.close()

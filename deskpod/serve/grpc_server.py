@@ -222,7 +222,7 @@ class GrpcService:
             outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in doc["outputs"]],
         )
 
-    def _start(self, request: Any, t0: float) -> tuple[Any, InferRequest, dict[str, int], asyncio.Future[Any] | None]:
+    def _start(self, request: Any) -> tuple[Any, InferRequest, dict[str, int], asyncio.Future[Any] | None]:
         """Admit and decode one ModelInferRequest and queue it: (model, request, classifications, future). An image
         model's request is not queued yet (future None): its images are decoded off the loop first."""
         lv = admit(self.registry, request.model_name, request.model_version or None)
@@ -254,7 +254,7 @@ class GrpcService:
 
     async def model_infer(self, request: Any, context: Any) -> Any:
         t0 = time.perf_counter()
-        lv, req, classes, fut = self._start(request, t0)
+        lv, req, classes, fut = self._start(request)
         if fut is None:
             fut = await self._decoded(lv, req, t0)
         with contextlib.suppress(Exception):  # _finish counts it and raises it
@@ -294,7 +294,7 @@ class GrpcService:
                     state["open"] += 1
                     t0 = time.perf_counter()
                     try:
-                        lv, req, classes, fut = self._start(msg, t0)
+                        lv, req, classes, fut = self._start(msg)
                     except Exception as e:
                         answer(functools.partial(_raise, e))
                         continue
