@@ -206,7 +206,9 @@ class Pod:
     def requeue(self, user: User, job_id: str) -> JobRecord:
         """Send a job back to the queue: an ended one (cancelled, failed, lost) at once, with its retries
         counted afresh; an active one is stopped first (SIGTERM, grace, SIGKILL). A ``train`` job resumes
-        from its checkpoint. A job that succeeded is not run again (`ConflictError`): submit it anew."""
+        from its checkpoint. A job that succeeded is not run again (`ConflictError`): submit it anew.
+        Returns the job as the requeue left it (read before the scheduler is woken, so that the answer does not
+        depend on how fast the next pass starts it)."""
         job = self.visible_job(user, job_id)
         for _ in range(5):  # the loop may move the job between our read and our write; read again
             if job.state is S.QUEUED:
@@ -215,19 +217,21 @@ class Pod:
                 job.id, S.QUEUED, f"requeued by {user.name}", expect=[job.state],
                 reason=f"requeued by {user.name}", failures=0, pid=None, external=None,
             ):  # fmt: skip
-                self.wake()
                 break
             if job.state.active and self.store.update(
                 job.id, expect=ACTIVE, stop_reason="requeue", reason=f"stopping to requeue (asked by {user.name})"
             ):
-                self.wake()
                 break
             if job.state is S.SUCCEEDED:
                 raise ConflictError(
                     f"job {job.id} succeeded; a finished job is not run again: submit its spec as a new job"
                 )
             job = self.store.job(job.id) or job
-        return self.store.job(job.id) or job
+        else:
+            return self.store.job(job.id) or job
+        after = self.store.job(job.id) or job
+        self.wake()
+        return after
 
     def wake(self) -> None:
         self._dirty = True
