@@ -17,6 +17,14 @@ and so does a batch that the next request would carry past the largest preferred
 run out, everything that fits in ``max_batch_size`` goes. Without preferred sizes Triton uses
 ``max_batch_size`` as the one preferred size, which is the behaviour above. ``merge=False`` (Triton without
 ``dynamic_batching``) runs every request alone, with its own rows.
+
+A lone request on a model with one instance runs on the event loop itself, not on the instance's thread, when
+the model's last lone request took less than `INLINE_MAX_S` from the loop's side (thread hand-off included)
+and this one is no larger. Handing a request to a thread and its answer back — two wake-ups across threads —
+cost 50–110 µs per request at 1 client here (`benchmarks/serve_ab.py`), as much as a small model's whole
+execution (the MLP of the serving benchmarks runs in 60–130 µs). The loop then stalls for no longer than such
+a run; a model that gets slower, or a larger request, goes back to the thread, and so does every batch of
+several requests: while a batch computes on its thread, the loop goes on reading the next requests.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ from deskpod.errors import RunError
 from deskpod.serve.metrics import ModelStats
 from deskpod.serve.runtimes import Runtime
 
+INLINE_MAX_S = 250e-6
+"""A lone request runs on the loop when the model's last one took less than this (see the module docstring)."""
 DRAIN_TIMEOUT_S = 30.0
 """How long a reload or unload lets the old copy answer its queued requests before failing the rest."""
 
@@ -199,6 +209,10 @@ def _resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -
             fut.set_exception(exc)
 
 
+def _nbytes(p: Pending) -> int:
+    return sum(a.nbytes for a in p.inputs.values())
+
+
 def _wake(w: asyncio.Future[None]) -> None:
     if not w.done():
         w.set_result(None)
@@ -229,6 +243,15 @@ class Batcher:
         self._closed = False
         self._draining = False
         self._emptied = asyncio.Event()
+        self._lone: tuple[int, float] | None = None
+        """(input bytes, seconds from the loop's side) of the last lone request: may the next run on the loop?"""
+
+    def _inline(self, batch: list[Pending]) -> bool:
+        """Run this batch on the loop (see the module docstring)?"""
+        if len(batch) != 1 or len(self.instances) != 1 or self._lone is None:
+            return False
+        size, seconds = self._lone
+        return seconds < INLINE_MAX_S and _nbytes(batch[0]) <= size
 
     def start(self) -> None:
         self._workers = [asyncio.ensure_future(self._work(i)) for i in range(len(self.instances))]
@@ -292,7 +315,13 @@ class Batcher:
                 p.dispatched = now
                 self.stats.record_queue(now - p.arrived)
             try:
-                results = await thread.run(run_batch, runtime, batch, batched, self.stats)
+                t = time.perf_counter()
+                if self._inline(batch):
+                    results = run_batch(runtime, batch, batched, self.stats)
+                else:
+                    results = await thread.run(run_batch, runtime, batch, batched, self.stats)
+                if len(batch) == 1:
+                    self._lone = (_nbytes(batch[0]), time.perf_counter() - t)
             except Exception as e:
                 err = e if isinstance(e, BatchFailed) else BatchFailed(f"batch of {len(batch)} requests failed: {e}")
                 for p in batch:

@@ -239,3 +239,76 @@ def test_an_instance_thread_runs_calls_in_order_and_hands_back_their_errors() ->
         assert seen == [(i, "deskpod-instance-test") for i in range(4)]
 
     asyncio.run(main())
+
+
+class Where(Doubler):
+    """Records the thread each execution ran on; sleeps ``delay_s`` per execution."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.delay_s = 0.0
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import threading
+        import time
+
+        self.threads.append(threading.current_thread().name)
+        time.sleep(self.delay_s)
+        return super().run(inputs)
+
+
+def test_a_fast_lone_request_runs_on_the_loop_and_a_slow_or_larger_one_on_the_instance_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    monkeypatch.setattr("deskpod.serve.batcher.INLINE_MAX_S", 0.05)  # a hand-off on a loaded CI box stays far below
+    rt = Where()
+
+    async def one(rows: int = 1) -> None:
+        out = await b.submit({"x": np.ones((rows, 2), np.float32)}, None)
+        np.testing.assert_array_equal(out["y"], np.full((rows, 2), 2, np.float32))
+
+    async def main() -> None:
+        for _ in range(3):
+            await one()  # the first has no timing yet: the thread; the next two on the loop
+        rt.delay_s = 0.1
+        await one()  # on the loop, slower than INLINE_MAX_S ...
+        rt.delay_s = 0.0
+        await one()  # ... so the next goes back to the thread, where it is timed fast again ...
+        await one()  # ... and the one after that runs on the loop once more
+        await one(rows=2)  # larger than the last lone request: the thread
+        await asyncio.gather(one(), one(), one())  # queued together: one batch of 3, on the thread
+        await b.stop()
+
+    b = Batcher([rt], max_batch_size=8, max_queue_delay_s=0.01, max_queue_size=8, stats=ModelStats("m", "1"))
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(_started(b))
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    me, inst = threading.current_thread().name, "deskpod-instance_0"
+    assert rt.threads == [inst, me, me, me, inst, me, inst, inst]
+    assert rt.batches[-1] == 3
+
+
+def test_a_model_with_several_instances_never_runs_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("deskpod.serve.batcher.INLINE_MAX_S", 10.0)
+    rts = [Where(), Where()]
+
+    async def main() -> None:
+        b = Batcher(rts, max_batch_size=8, max_queue_delay_s=0.0, max_queue_size=8, stats=ModelStats("m", "1"))
+        b.start()
+        for _ in range(4):
+            await b.submit({"x": np.ones((1, 2), np.float32)}, None)
+        await b.stop()
+
+    asyncio.run(main())
+    ran = rts[0].threads + rts[1].threads
+    assert len(ran) == 4 and all(t.startswith("deskpod-instance_") for t in ran)
+
+
+async def _started(b: Batcher) -> None:
+    b.start()
