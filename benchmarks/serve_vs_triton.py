@@ -247,6 +247,11 @@ def perf_analyzer() -> tuple[Path, dict[str, str]]:
     site = Path(triton_env()[1]["PYTHONPATH"])
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = f"{site / 'nvidia' / 'cuda_runtime' / 'lib'}:{env.get('LD_LIBRARY_PATH', '')}"
+    ldd = subprocess.run(["ldd", str(binary)], env=env, capture_output=True, text=True, check=False).stdout
+    missing = [line.split()[0] for line in ldd.splitlines() if "not found" in line]
+    if missing:  # checked before any level runs, not found out halfway through the run
+        hint = " (Debian: apt-get install libb64-0d)" if any(m.startswith("libb64") for m in missing) else ""
+        raise SystemExit(f"{binary} cannot start: {', '.join(missing)} not found{hint}; or pass --no-perf-analyzer")
     return binary, env
 
 
