@@ -256,10 +256,11 @@ def build_config(file: str | Path | None = None, overrides: Mapping[str, Any] | 
     return dataclasses.replace(TrainConfig(), **values).validate()
 
 
-def write_config(cfg: TrainConfig, path: Path) -> None:
+def dump_config(cfg: TrainConfig) -> str:
+    """The config as TOML, as `load_config` reads it back."""
     import tomli_w
 
-    path.write_text(tomli_w.dumps(cfg.to_dict()))
+    return tomli_w.dumps(cfg.to_dict())
 
 
 def load_config(path: Path) -> TrainConfig:

@@ -38,7 +38,7 @@ from deskpod.hardware.affinity import format_cpu_list, numa_nodes
 from deskpod.hardware.devices import Device, Inventory, cpu_layout, cpu_slots, discover
 from deskpod.processes import child_pids
 from deskpod.train import checkpoint as ckpt
-from deskpod.train.config import TrainConfig, build_config, write_config
+from deskpod.train.config import TrainConfig, build_config, dump_config
 from deskpod.train.data import DataRequest, DataSpec, describe
 from deskpod.train.progress import Mode, Progress, describe_validation, format_duration, format_rate
 from deskpod.train.runs import RunPaths, default_run_name, read_json
@@ -212,7 +212,9 @@ def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int | None) -> 
     paths.root.mkdir(parents=True, exist_ok=True)
     for stale in ("error.json", "worker-result.json"):
         (paths.root / stale).unlink(missing_ok=True)
-    write_config(plan.cfg, paths.config)
+    # Every node of a multi-node run writes the same files into the shared run folder, and a resumed attempt
+    # reads config.toml back on every node while the others rewrite it: atomically, or a reader sees it empty.
+    _write_atomic(paths.config, dump_config(plan.cfg))
     launch = {
         "kind": plan.kind,
         "backend": "nccl" if plan.kind == "cuda" else "gloo",
@@ -234,7 +236,6 @@ def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int | None) -> 
             plan.cfg.epochs,
         )[1],
     }
-    # Every node of a multi-node run writes the same files into the shared run folder: atomically.
     _write_atomic(paths.launch, json.dumps(launch, indent=2))
 
 

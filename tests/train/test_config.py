@@ -68,9 +68,9 @@ def test_not_toml(tmp_path: Path) -> None:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    from deskpod.train.config import load_config, write_config
+    from deskpod.train.config import dump_config, load_config
 
     cfg = build_config(None, {"model": "resnet50", "lr": 0.2, "compile": True})
-    write_config(cfg, tmp_path / "c.toml")
+    (tmp_path / "c.toml").write_text(dump_config(cfg))
     assert load_config(tmp_path / "c.toml") == cfg
     assert isinstance(cfg, TrainConfig)

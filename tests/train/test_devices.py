@@ -154,3 +154,26 @@ def test_devices_all_on_cpus_trains_one_worker_per_numa_node(tmp_path: Path, mon
     plan = launcher.prepare(None, {**base, "name": "n", "devices": "2"}, resume=False, inventory=inv,
                             env=env(len(cores)))  # fmt: skip
     assert len(plan.devices) == 2 and plan.cpu_pins == ()
+
+
+def test_the_run_folder_files_are_replaced_never_rewritten_in_place(tmp_path: Path) -> None:
+    """Every node of a multi-node run rewrites config.toml and launch.json while the others may read them (a resumed
+    attempt reads config.toml back): a file written in place is empty for a moment, and a reader then trains the
+    default model. A hard link to the old file keeps the old text only when the new one was renamed over it."""
+    from deskpod.train import launcher
+
+    inv = discover(env(), use_nvml=False)
+    base = {"model": "mlp", "data": "synthetic:1x8x8", "steps": 1, "out": str(tmp_path), "name": "r", "devices": "1"}
+    plan = launcher.prepare(None, base, resume=False, inventory=inv, env=env())
+    launcher._write_run_folder(plan, "quiet", None)
+    olds = {}
+    for name in ("config.toml", "launch.json"):
+        path = plan.run_dir / name
+        olds[name] = (path.read_text(), tmp_path / f"old-{name}")
+        os.link(path, olds[name][1])
+        path.write_text("")  # what a reader would see of a file being written in place
+    launcher._write_run_folder(plan, "quiet", None)
+    for name, (text, old) in olds.items():
+        assert old.read_text() == "", name  # the old inode untouched: the new file came in by rename
+        assert (plan.run_dir / name).read_text() == text, name
+    assert 'model = "mlp"' in (plan.run_dir / "config.toml").read_text()
