@@ -19,19 +19,20 @@ the figures it shows in):
 **pytorch-2021** — §4.1b: NVIDIA DeepLearningExamples' PyTorch ResNet-50 v1.5 on the DGX-1 32GB
 (8x V100-SXM2-32GB, the catalog's ``dgx1-v100``), pytorch-21.03 NGC container, FP32 and mixed
 precision (AMP), 1 and 8 GPUs (NVIDIA/DeepLearningExamples
-PyTorch/Classification/ConvNets/resnet50v1.5/README.md @291f0d02). Batch per GPU 112 (FP32) and
-256 (AMP), AMP in channels_last (``configs.yml`` of the same folder, DGX1V; read at a later
-stored commit, 097c7ff9, the file is not stored at 291f0d02 — whose README still says NHWC support for
-mixed precision is being added, so the layout of the 21.03 runs is not certain; the model does not use it); ImageNet through DALI on the CPUs
-(the README's default data backend, dali-cpu). The DGX-1 16GB rows of the same table run on GPUs
+PyTorch/Classification/ConvNets/resnet50v1.5/README.md @291f0d02; the figures came in at 7bdfc81d).
+The README's benchmark commands run ``launch.py``, which takes the settings from ``configs.yml`` of the
+same folder (read at 7bdfc81d): batch per GPU 112 (FP32) and 256 (AMP), AMP in channels_last and FP32
+in NCHW, ImageNet decoded by torchvision in PyTorch DataLoader workers (``data_backend: pytorch``, 8 per
+GPU on DGX1V) that prefetch ahead of the step. The DGX-1 16GB rows of the same table run on GPUs
 the catalog does not tell apart (same peaks and bandwidth): shown beside the fit, not fitted.
 `fit_pytorch_2021`, in two closed steps:
 
 1. ``e_c`` and ``k_m`` from the two 1-GPU figures (FP32 on CUDA cores at 15.7 TFLOPS, AMP on
    Tensor Cores at 125, 4 and 2 bytes per activation): two linear equations, solved exactly. One
-   compute efficiency for both units is what makes two figures enough.
-2. ``r`` from the two 8-GPU figures: a one-dimensional search, squared log error (DALI runs ahead
-   of the step, so only a pipeline slower than the GPUs shows: AMP on 8 GPUs).
+   compute efficiency for both units is what makes two figures enough. Neither pays layout changes
+   (`deskpod.plan.factors.TRANSPOSE_MOVES`: FP32 runs on CUDA cores, AMP in channels_last).
+2. ``r`` from the two 8-GPU figures: a one-dimensional search, squared log error (the workers run
+   ahead of the step, so only a pipeline slower than the GPUs shows: AMP on 8 GPUs).
 
 ``overlap`` and ``e_n`` are not fitted (`deskpod.plan.stacks` says why and what they are).
 """
@@ -141,24 +142,33 @@ def _loss(points: list[Point], factors: Factors) -> float:
     return sum(math.log(predicted(p, factors) / p.images_per_s) ** 2 for p in points)
 
 
-def fit() -> Factors:
-    """Fit the five factors to `POINTS` (see the module docstring); deterministic."""
-    from deskpod.plan.predict import compute_time, machine_facts
+def solve_compute(points: list[Point], machine: str, channels_last: tuple[Precision, ...] = ()) -> tuple[float, float]:
+    """``e_c`` and ``k_m`` from two 1-device synthetic figures, exactly: each figure's time per sample is
+    ``a / e_c + k_m x c + l`` (`deskpod.plan.factors.sample_terms`), two linear equations in ``1/e_c`` and ``k_m``."""
+    from deskpod.plan.factors import sample_terms
+    from deskpod.plan.predict import machine_facts
 
-    f = machine_facts(MACHINE, "fp32")
-    # 1. Per-sample time t = u * a + k * c with u = 1/e_c; a, c from a unit-factor evaluation.
     rows = []
-    for model in ("resnet50", "alexnet"):
-        one = next(p for p in POINTS if p.model == model and p.gpus == 1 and p.data == "synthetic")
-        w = Workload(MODELS[model], batch=1, precision="fp32", data="synthetic")
-        a = compute_time(w, f, Factors(compute_efficiency=1.0, memory_passes=0.0))
-        c = compute_time(w, f, Factors(compute_efficiency=1e30, memory_passes=1.0))
-        rows.append((a, c, 1 / one.images_per_s))
+    for p in points:
+        w = Workload(MODELS[p.model], batch=1, precision=p.precision, data="synthetic")
+        t = sample_terms(w, machine_facts(machine, p.precision), channels_last)
+        rows.append((t.flops_s, t.pass_s, 1 / p.images_per_s - t.layout_s))
     (a1, c1, t1), (a2, c2, t2) = rows
     det = a1 * c2 - a2 * c1
     u = (t1 * c2 - t2 * c1) / det
     k = (a1 * t2 - a2 * t1) / det
-    base = Factors(compute_efficiency=round(1 / u, 6), memory_passes=round(k, 4))
+    return round(1 / u, 6), round(k, 4)
+
+
+def fit() -> Factors:
+    """Fit the five factors to `POINTS` (see the module docstring); deterministic."""
+    # 1. Per-sample time t = u * a + k * c with u = 1/e_c, from ResNet-50's and AlexNet's 1-GPU synthetic figures.
+    ones = [
+        next(p for p in POINTS if p.model == m and p.gpus == 1 and p.data == "synthetic")
+        for m in ("resnet50", "alexnet")
+    ]
+    e_c, k_m = solve_compute(ones, MACHINE, TF1_2017.factors.channels_last)
+    base = replace(TF1_2017.factors, compute_efficiency=e_c, memory_passes=k_m)
     # 2. Communication: grid over efficiency and overlap.
     multi = [p for p in POINTS if p.data == "synthetic" and p.gpus > 1]
     best: tuple[float, Factors] | None = None
@@ -180,23 +190,12 @@ def fit() -> Factors:
 
 def fit_pytorch_2021() -> Factors:
     """Fit stack pytorch-2021's factors to the fitted `DLE_POINTS` (see the module docstring); deterministic."""
-    from deskpod.plan.predict import compute_time, machine_facts
-
     fitted = [p for p in DLE_POINTS if p.fitted]
     ones = [p for p in fitted if p.gpus == 1]
-    rows = []
-    for p in ones:  # 1. per-sample time t = u * a + k * c, as in `fit`, across the two units instead of two models
-        f = machine_facts(DLE_MACHINE, p.precision)
-        w = Workload(MODELS[p.model], batch=1, precision=p.precision, data="synthetic")
-        a = compute_time(w, f, Factors(compute_efficiency=1.0, memory_passes=0.0))
-        c = compute_time(w, f, Factors(compute_efficiency=1e30, memory_passes=1.0))
-        rows.append((a, c, 1 / p.images_per_s))
-    (a1, c1, t1), (a2, c2, t2) = rows
-    det = a1 * c2 - a2 * c1
-    u = (t1 * c2 - t2 * c1) / det
-    k = (a1 * t2 - a2 * t1) / det
+    # 1. per-sample time t = u * a + k * c, as in `fit`, across the two units instead of two models
     unfitted = PYTORCH_2021.factors
-    base = replace(unfitted, compute_efficiency=round(1 / u, 6), memory_passes=round(k, 4))
+    e_c, k_m = solve_compute(ones, DLE_MACHINE, unfitted.channels_last)
+    base = replace(unfitted, compute_efficiency=e_c, memory_passes=k_m)
     # 2. Input pipeline: images/s per core on a grid, over the 8-GPU figures.
     multi = [p for p in fitted if p.gpus > 1]
 
@@ -207,7 +206,7 @@ def fit_pytorch_2021() -> Factors:
     rate = min(range(50, 5001), key=loss)
     out = replace(base, input_images_per_core=float(rate))
     for p in ones:  # step 1 assumed the pipeline does not show at 1 GPU; it must not
-        if abs(predicted(p, out, DLE_MACHINE) * (t1 if p.precision == "fp32" else t2) - 1) > 1e-3:
+        if abs(predicted(p, out, DLE_MACHINE) / p.images_per_s - 1) > 1e-3:
             raise AssertionError(f"pytorch-2021 fit: the input pipeline shows at 1 GPU ({p.label})")
     return out
 

@@ -12,7 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deskpod.hardware.topology import Topology
-from deskpod.plan.workload import BYTES_PER_ELEMENT, Workload
+from deskpod.plan.workload import BYTES_PER_ELEMENT, Precision, Workload
+
+TENSOR_CORE_PEAKS = frozenset({"tf32", "fp16_tensor", "bf16"})
+"""Catalog peaks that are Tensor Core peaks (`deskpod.plan.predict.PEAK_FALLBACK` picks one per precision)."""
+TRANSPOSE_MOVES = 6.0
+"""Element moves per convolution input-plus-output element and training step when Tensor Core convolutions
+run on NCHW tensors. Tensor Core kernels work in NHWC, and cuDNN transposes an NCHW operand into NHWC before
+the call and its NCHW result back after it, each transpose a read and a write (the layout method card of
+MosaicML Composer: "the NCHW tensor must be transposed to NHWC before the convolution and transposed back
+to NCHW after"). A training step makes three calls per convolution — forward (input in, output out),
+backward-data (output gradient in, input gradient out), backward-filter (input and output gradient in) —
+so each input element and each output element is transposed three times: 3 x 2 moves. Weights (once per
+step, not per sample) are left out. Derived, not fitted; NHWC runs (channels_last) and CUDA-core kernels,
+which take NCHW as it is, pay none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +51,10 @@ class Factors:
     Mixed precision that keeps FP32 parameters (PyTorch native AMP) all-reduces 4."""
     input_overlap: bool = False
     """False: decoding adds to the step (``1/real = 1/synthetic + 1/input``, the tf1-2017 fit's shape);
-    True: the pipeline runs ahead of the step (DALI's prefetching) and only what exceeds it shows."""
+    True: the pipeline runs ahead of the step (DataLoader workers prefetching) and only what exceeds it shows."""
+    channels_last: tuple[Precision, ...] = ()
+    """Precisions the stack trains in NHWC (channels_last); the others run NCHW, and on Tensor Cores pay
+    `TRANSPOSE_MOVES` per convolution element."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +75,39 @@ class MachineFacts:
     topology: Topology = field(repr=False)
 
 
+@dataclass(frozen=True, slots=True)
+class SampleTerms:
+    """One sample's forward and backward on one GPU, as the model's three terms (seconds)."""
+
+    flops_s: float
+    """The FLOPs at the device's peak for the precision (divide by ``e_c``)."""
+    pass_s: float
+    """One pass of every activation element through device memory (multiply by ``k_m``)."""
+    layout_s: float
+    """Layout changes: NCHW convolutions on Tensor Cores (`layout_bytes`), whatever the factors."""
+
+
+def sample_terms(w: Workload, f: MachineFacts, channels_last: tuple[Precision, ...]) -> SampleTerms:
+    """The terms of `compute_time` for one sample on a GPU, before the stack's ``e_c`` and ``k_m`` (the fits solve
+    for those two from them)."""
+    bandwidth = f.memory_bandwidth_gbs * 1e9
+    return SampleTerms(
+        flops_s=w.model.train_flops / (f.peak_tflops * 1e12),
+        pass_s=w.model.activations_m * 1e6 * BYTES_PER_ELEMENT[w.precision] / bandwidth,
+        layout_s=layout_bytes(w, f, channels_last) / bandwidth,
+    )
+
+
 def compute_time(w: Workload, f: MachineFacts, factors: Factors) -> float:
     """Seconds for one device to run forward and backward over ``w.batch`` samples."""
     if f.kind == "cpu":
         return w.batch * w.model.train_flops / (factors.cpu_compute_efficiency * f.peak_tflops * 1e12)
-    flops = w.model.train_flops / (factors.compute_efficiency * f.peak_tflops * 1e12)
-    memory = factors.memory_passes * w.model.activations_m * 1e6 * BYTES_PER_ELEMENT[w.precision]
-    return w.batch * (flops + memory / (f.memory_bandwidth_gbs * 1e9))
+    t = sample_terms(w, f, factors.channels_last)
+    return w.batch * (t.flops_s / factors.compute_efficiency + factors.memory_passes * t.pass_s + t.layout_s)
+
+
+def layout_bytes(w: Workload, f: MachineFacts, channels_last: tuple[Precision, ...]) -> float:
+    """Bytes per sample that layout changes move: NCHW convolutions on Tensor Cores (`TRANSPOSE_MOVES`), else 0."""
+    if f.peak_key not in TENSOR_CORE_PEAKS or w.precision in channels_last:
+        return 0.0
+    return TRANSPOSE_MOVES * w.model.conv_io_m * 1e6 * BYTES_PER_ELEMENT[w.precision]

@@ -9,9 +9,9 @@ stored source are listed (none from memory).
 
 * pytorch-2021 on the DGX A100 80GB: the same README and commit as the §4.1b table the stack is
   fitted to, its "Training performance: NVIDIA DGX A100 (8x A100 80GB)" table (pytorch-21.03 NGC
-  container, ImageNet through DALI): TF32 and mixed precision (AMP), 1 and 8 GPUs. Batch 256 per
-  GPU for both, AMP in channels_last (``configs.yml`` of the same folder, DGXA100; read at the later
-  stored commit 097c7ff9; the layout of the 21.03 runs is not certain, see `deskpod.plan.calibration`).
+  container; the figures came in at 7bdfc81d): TF32 and mixed precision (AMP), 1 and 8 GPUs. As
+  ``configs.yml`` of the same folder has it for DGXA100 at 7bdfc81d: batch 256 per GPU for both, AMP in
+  channels_last and TF32 in NCHW, 16 PyTorch DataLoader workers per GPU.
   The machine is the catalog's ``dgx-a100-80gb`` (the ``dgx-a100`` layout with the 80 GB GPUs' faster
   memory).
 """

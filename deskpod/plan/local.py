@@ -83,15 +83,17 @@ class Calibration:
         d = json.loads(text)
         m = d["measurements"]
         m["shape"] = tuple(m["shape"])
-        return cls(Measurements(**m), Factors(**d["factors"]), float(d["ring_bandwidth"]), str(d["when"]))
+        f = dict(d["factors"])
+        f["channels_last"] = tuple(f.get("channels_last", ()))  # a JSON list; absent in calibrations before it
+        return cls(Measurements(**m), Factors(**f), float(d["ring_bandwidth"]), str(d["when"]))
 
 
 def scaled_model(model: str, shape: tuple[int, int, int]) -> ModelCost:
-    """The model's cost at ``shape`` (C, H, W): FLOPs and activations scale with H x W / 224^2."""
+    """The model's cost at ``shape`` (C, H, W): FLOPs, activations and convolution elements scale with H x W / 224^2."""
     base = find_model(model)
     ratio = shape[1] * shape[2] / (224 * 224)
     return replace(base, forward_gflops=base.forward_gflops * ratio, activations_m=base.activations_m * ratio,
-                   source=f"{base.source}, scaled to {shape[1]}x{shape[2]}")  # fmt: skip
+                   conv_io_m=base.conv_io_m * ratio, source=f"{base.source}, scaled to {shape[1]}x{shape[2]}")  # fmt: skip
 
 
 def facts(m: Measurements, topology: Topology) -> MachineFacts:

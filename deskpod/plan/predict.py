@@ -19,7 +19,7 @@ Per device and step (``b`` samples of a model with forward FLOPs ``F``, ``A`` ac
   backward pass hides up to ``overlap`` of its time, the rest is **exposed**;
 * **input pipeline** (``data = real``): decoding ``b x devices`` images on the node's CPU cores at
   ``r`` images/s per core; in series with the step (``1/real = 1/synthetic + 1/input``, stack
-  tf1-2017) or running ahead of it, showing only where it is the slower (stack pytorch-2021, DALI).
+  tf1-2017) or running ahead of it, showing only where it is the slower (stack pytorch-2021, DataLoader workers).
 
 ``step = compute + exposed communication + exposed input``; images/s = ``b x devices x nodes / step``;
 scaling efficiency against one device x the device count; time to train = dataset x epochs /

@@ -9,10 +9,15 @@ NICs and CPU cores — and the stack gives the few factors that turn them into a
 
 * ``tf1-2017`` — TensorFlow 1.x ``tf_cnn_benchmarks``, May 2017, CUDA 8 / cuDNN 5.1. Fitted to the
   DGX-1 (P100) table, ``shared/reference/calibration.md`` §4.2 (`deskpod.plan.calibration.fit`).
+  NCHW throughout (``tf_cnn_benchmarks --data_format=NCHW``, as its README runs it on GPUs), so where
+  it is asked for a Tensor Core precision its convolutions pay the layout changes the P100 never had.
 * ``pytorch-2021`` — PyTorch in NGC's pytorch-21.03 container as NVIDIA's DeepLearningExamples
-  ResNet-50 v1.5 runs it: native AMP, channels_last for AMP (configs.yml, a later commit), DALI-CPU decoding that runs ahead of
-  the step, DistributedDataParallel over NCCL. Fitted to the DGX-1 (V100) table, §4.1b
-  (`deskpod.plan.calibration.fit_pytorch_2021`). The default.
+  ResNet-50 v1.5 benchmarks it: native AMP; AMP in channels_last, FP32 and TF32 in NCHW; torchvision's
+  decoding and augmentation in PyTorch DataLoader workers that run ahead of the step; DDP over NCCL.
+  The README's benchmark commands run ``launch.py``, whose ``configs.yml`` — read at 7bdfc81d, the
+  commit that put the 21.03 figures into the README — sets ``data_backend: pytorch``, 8 workers per GPU
+  on the DGX-1 and 16 on the DGX A100, and ``memory_format: nhwc`` for AMP only. Fitted to the DGX-1
+  (V100) table, §4.1b (`deskpod.plan.calibration.fit_pytorch_2021`). The default.
 * ``local`` — this box with its own software, as ``deskpod plan calibrate`` measured it
   (`deskpod.plan.local`): only with machine ``local``, whose factors are its calibration's.
 
@@ -50,13 +55,15 @@ TF1_2017 = Stack(
     "(tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0)",
     factors=Factors(),
     not_fitted="no GPU factor is left unfitted; by the fit's shape the input pipeline adds to the step and gradients "
-    "are all-reduced in the precision's bytes; cpu_compute_efficiency is the CPU baseline's (calibration.md 4.4)",
+    "are all-reduced in the precision's bytes; cpu_compute_efficiency is the CPU baseline's (calibration.md 4.4); "
+    "NCHW throughout (tf_cnn_benchmarks --data_format=NCHW), so Tensor Core precisions pay the layout changes of "
+    "deskpod.plan.factors.TRANSPOSE_MOVES (the P100 has no Tensor Cores: derived, not fitted)",
 )
 
 PYTORCH_2021 = Stack(
     name="pytorch-2021",
     title="PyTorch, NGC pytorch-21.03 (NVIDIA DeepLearningExamples ResNet-50 v1.5: native AMP, channels_last "
-    "for AMP per configs.yml, DALI-CPU data pipeline, DDP over NCCL)",
+    "for AMP and NCHW otherwise, PyTorch DataLoader workers, DDP over NCCL; configs.yml @7bdfc81d)",
     fitted_to="calibration.md 4.1b: DGX-1 32GB (V100) ResNet-50 v1.5, FP32 batch 112 and AMP batch 256, 1 and 8 "
     "GPUs (NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md @291f0d02)",
     factors=Factors(
@@ -68,11 +75,14 @@ PYTORCH_2021 = Stack(
         cpu_compute_efficiency=Factors().cpu_compute_efficiency,
         gradient_bytes=4,
         input_overlap=True,
+        channels_last=("fp16", "bf16"),
     ),
     not_fitted="overlap 1.0 (DDP all-reduces gradient buckets while the backward pass runs) and comm_efficiency "
     "1.0 (the cost model's link-rate bound): one DGX-1 hides its all-reduce behind the backward pass, so the "
     "table cannot show either; cpu_compute_efficiency is the 2016-17 CPU baseline's (calibration.md 4.4); "
-    "no TF32 figure (V100 has none): TF32 runs at the TF32 Tensor Core peak with the stack's one compute efficiency",
+    "no TF32 figure (V100 has none): TF32 runs at the TF32 Tensor Core peak with the stack's one compute efficiency, "
+    "in NCHW as configs.yml has it, so its convolutions pay the layout changes of deskpod.plan.factors.TRANSPOSE_MOVES "
+    "(derived, not fitted: neither fitted row has them, FP32 running on CUDA cores and AMP in channels_last)",
 )
 
 STACKS: dict[str, Stack] = {s.name: s for s in (PYTORCH_2021, TF1_2017)}

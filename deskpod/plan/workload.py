@@ -1,10 +1,12 @@
 """What is being trained: a model's cost per sample, and the run around it.
 
-A model is three numbers per 224x224 sample — forward FLOPs, parameters, activation elements —
-computed, not quoted: ``torch.utils.flop_counter.FlopCounterMode`` over one forward pass of the
-torchvision model (2 FLOPs per multiply-add), ``sum(p.numel())`` for the parameters, and the sum of
-every leaf module's output elements for the activations (what a training step writes and reads
-back, the memory-traffic term of the model). ``tests/plan/test_workload.py`` recomputes them.
+A model is four numbers per 224x224 sample — forward FLOPs, parameters, activation elements,
+convolution tensor elements — computed, not quoted: ``torch.utils.flop_counter.FlopCounterMode`` over
+one forward pass of the torchvision model (2 FLOPs per multiply-add), ``sum(p.numel())`` for the
+parameters, the sum of every leaf module's output elements for the activations (what a training step
+writes and reads back, the memory-traffic term of the model), and the sum of every convolution's input
+and output elements (what changes layout when a Tensor Core convolution runs on NCHW tensors:
+`deskpod.plan.factors.TRANSPOSE_MOVES`). ``tests/plan/test_plan.py`` recomputes them.
 A training step costs 3x the forward FLOPs (forward, then gradients of activations and of weights).
 """
 
@@ -36,6 +38,8 @@ class ModelCost:
     activations_m: float
     """Millions of activation elements per sample."""
     source: str = ""
+    conv_io_m: float = 0.0
+    """Millions of convolution input plus output elements per sample (every convolution layer's)."""
 
     @property
     def train_flops(self) -> float:
@@ -44,9 +48,9 @@ class ModelCost:
 
 _COMPUTED = "computed: FlopCounterMode on torchvision.models.{}() at 1x3x224x224 (torch 2.14, torchvision 0.29)"
 MODELS: dict[str, ModelCost] = {
-    "alexnet": ModelCost("alexnet", 1.42837696, 61.10084, 1.098216, _COMPUTED.format("alexnet")),
-    "resnet18": ModelCost("resnet18", 3.628146688, 11.689512, 7.477736, _COMPUTED.format("resnet18")),
-    "resnet50": ModelCost("resnet50", 8.178368512, 25.557032, 32.040424, _COMPUTED.format("resnet50")),
+    "alexnet": ModelCost("alexnet", 1.42837696, 61.10084, 1.098216, _COMPUTED.format("alexnet"), 0.822784),
+    "resnet18": ModelCost("resnet18", 3.628146688, 11.689512, 7.477736, _COMPUTED.format("resnet18"), 4.666368),
+    "resnet50": ModelCost("resnet50", 8.178368512, 25.557032, 32.040424, _COMPUTED.format("resnet50"), 21.776384),
 }
 
 
@@ -87,16 +91,18 @@ class Workload:
         if self.data not in ("synthetic", "real"):
             raise UsageError(f"data must be synthetic or real, got {self.data!r}")
         m = self.model
-        if m.forward_gflops <= 0 or m.params_m <= 0 or m.activations_m < 0:
+        if m.forward_gflops <= 0 or m.params_m <= 0 or m.activations_m < 0 or m.conv_io_m < 0:
             raise UsageError(
                 f"model {m.name}: FLOPs and parameters must be positive, got {m.forward_gflops} GFLOPs, {m.params_m} M"
             )
 
 
 def custom_model(gflops: float, params_m: float, activations_m: float | None = None) -> ModelCost:
-    """A model given by its numbers; without activations, ResNet-50's activations per GFLOP are assumed."""
+    """A model given by its numbers; without activations, ResNet-50's activations per GFLOP are assumed, and its
+    convolution elements per activation element always (a convolutional network's share)."""
     if gflops <= 0 or params_m <= 0:
         raise UsageError(f"--gflops and --params must be positive, got {gflops} and {params_m}")
     r50 = MODELS["resnet50"]
     acts = activations_m if activations_m is not None else gflops * r50.activations_m / r50.forward_gflops
-    return ModelCost("custom", gflops, params_m, acts, "given on the command line")
+    conv_io = acts * r50.conv_io_m / r50.activations_m
+    return ModelCost("custom", gflops, params_m, acts, "given on the command line", conv_io)

@@ -49,7 +49,8 @@ _LOCK = threading.Lock()
 
 
 def count(name: str, shape: Sequence[int], classes: int) -> dict[str, int]:
-    """Parameters, forward FLOPs and activation elements of one ``shape`` (C, H, W) sample; `ConfigError` else."""
+    """Parameters, forward FLOPs, activation elements and convolution input + output elements of one ``shape``
+    (C, H, W) sample; `ConfigError` else."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -60,12 +61,20 @@ def count(name: str, shape: Sequence[int], classes: int) -> dict[str, int]:
     model = build_model(name, spec)
     check_forward(model, spec, name)
     acts: list[int] = []
+    conv_io: list[int] = []
 
     def hook(_m: Any, _i: Any, out: Any) -> None:
         if isinstance(out, torch.Tensor):
             acts.append(out.numel())
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    def conv_hook(_m: Any, inp: Any, out: Any) -> None:
+        conv_io.append(inp[0].numel() + out.numel())
+
+    nn = torch.nn
+    convs = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    handles += [m.register_forward_hook(conv_hook) for m in leaves if isinstance(m, convs)]
     model.eval()
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
@@ -77,6 +86,7 @@ def count(name: str, shape: Sequence[int], classes: int) -> dict[str, int]:
         "params": int(sum(p.numel() for p in model.parameters())),
         "forward_flops": int(counter.get_total_flops()),
         "activations": int(sum(acts)),
+        "conv_io": int(sum(conv_io)),
     }
 
 
@@ -148,6 +158,7 @@ def model_cost(info: dict[str, Any], shape: Sequence[int]) -> ModelCost:
         forward_gflops=info["forward_flops"] / 1e9,
         params_m=info["params"] / 1e6,
         activations_m=info["activations"] / 1e6,
+        conv_io_m=info.get("conv_io", 0) / 1e6,
         source=f"counted: FlopCounterMode on {info['model']} at 1x{c}x{h}x{w}",
     )
 

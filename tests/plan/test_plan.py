@@ -22,7 +22,7 @@ from deskpod.plan.workload import MODELS, Workload, find_model
 TF = TF1_2017.name
 
 
-@pytest.mark.parametrize("name", ["alexnet", "resnet50"])
+@pytest.mark.parametrize("name", ["alexnet", "resnet18", "resnet50"])
 def test_model_costs_are_what_torchvision_computes(name: str) -> None:
     import torch
     import torchvision
@@ -30,15 +30,19 @@ def test_model_costs_are_what_torchvision_computes(name: str) -> None:
 
     model = getattr(torchvision.models, name)()
     acts: list[int] = []
+    conv_io: list[int] = []
     for mod in model.modules():
         if not list(mod.children()):
             mod.register_forward_hook(lambda _m, _i, o: acts.append(o.numel()))
+        if isinstance(mod, torch.nn.Conv2d):
+            mod.register_forward_hook(lambda _m, i, o: conv_io.append(i[0].numel() + o.numel()))
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(torch.zeros(1, 3, 224, 224))
     cost = MODELS[name]
     assert counter.get_total_flops() / 1e9 == pytest.approx(cost.forward_gflops, rel=1e-6)
     assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(cost.params_m, rel=1e-6)
     assert sum(acts) / 1e6 == pytest.approx(cost.activations_m, rel=1e-6)
+    assert sum(conv_io) / 1e6 == pytest.approx(cost.conv_io_m, rel=1e-6)
 
 
 def test_dataclass_defaults_are_stack_tf1_2017() -> None:

@@ -19,7 +19,7 @@ from deskpod.plan.calibration import (
     pytorch_2021_table,
     stack_table,
 )
-from deskpod.plan.factors import Factors
+from deskpod.plan.factors import TRANSPOSE_MOVES, Factors, layout_bytes, sample_terms
 from deskpod.plan.generations import HELD_OUT, held_out_table
 from deskpod.plan.local import Measurements, fit_local, save
 from deskpod.plan.predict import machine_facts, predict_plan
@@ -34,7 +34,10 @@ R50_AMP = Workload(MODELS["resnet50"], batch=256, precision="fp16")
 def test_each_stack_owns_the_fit_of_its_own_table(name: str) -> None:
     fitted = fit_stack(name)
     for key, value in asdict(STACKS[name].factors).items():
-        assert asdict(fitted)[key] == pytest.approx(value, rel=1e-4), (name, key)
+        if isinstance(value, tuple):  # a fact of the stack (its layouts), carried by the fit unchanged
+            assert asdict(fitted)[key] == value, (name, key)
+        else:
+            assert asdict(fitted)[key] == pytest.approx(value, rel=1e-4), (name, key)
 
 
 def test_stacks_differ_and_each_is_fitted_to_another_table() -> None:
@@ -90,6 +93,37 @@ def test_gradient_bytes_and_input_overlap_are_the_stacks() -> None:
     assert slow.step_s == pytest.approx(decode) and slow.input_s == pytest.approx(decode - slow.compute_s)
     series = predict_plan(R50_AMP, "dgx1-v100", factors=replace(fast_input, input_overlap=False))
     assert series.input_s == pytest.approx(256 * 8 / (1e6 * 40))
+
+
+def test_nchw_convolutions_on_tensor_cores_pay_layout_changes_and_nothing_else_does() -> None:
+    def per_sample(precision: str, machine: str, stack: str) -> float:
+        w = Workload(MODELS["resnet50"], batch=256, precision=precision)  # type: ignore[arg-type]
+        return predict_plan(w, machine, devices_per_node=1, stack=stack).compute_s / 256
+
+    r50 = MODELS["resnet50"]
+    a100 = machine_facts("dgx-a100-80gb", "tf32")
+    # pytorch-2021 trains TF32 in NCHW (configs.yml): each convolution element moves 6 more times, in FP32 bytes.
+    extra = TRANSPOSE_MOVES * r50.conv_io_m * 1e6 * 4 / (a100.memory_bandwidth_gbs * 1e9)
+    nhwc = replace(PYTORCH_2021.factors, channels_last=("tf32",))
+    w = Workload(r50, batch=256, precision="tf32")
+    with_layout = predict_plan(w, "dgx-a100-80gb", devices_per_node=1).compute_s
+    without = predict_plan(w, "dgx-a100-80gb", devices_per_node=1, factors=nhwc).compute_s
+    assert (with_layout - without) / 256 == pytest.approx(extra, rel=1e-9) and extra > 0
+    # AMP runs channels_last under pytorch-2021 and NCHW under tf1-2017; FP32 runs on CUDA cores either way;
+    # the P100's FP16 has no Tensor Cores.
+    for precision, machine in (("fp16", "dgx-a100-80gb"), ("fp32", "dgx-a100-80gb"), ("fp16", "dgx1-p100")):
+        f = machine_facts(machine, precision)  # type: ignore[arg-type]
+        wp = Workload(r50, precision=precision)  # type: ignore[arg-type]
+        pays = layout_bytes(wp, f, TF1_2017.factors.channels_last)
+        assert layout_bytes(wp, f, PYTORCH_2021.factors.channels_last) == 0
+        assert (pays > 0) == (precision == "fp16" and machine == "dgx-a100-80gb"), (precision, machine)
+        t = sample_terms(wp, f, TF1_2017.factors.channels_last)
+        want = t.flops_s / TF1_2017.factors.compute_efficiency + TF1_2017.factors.memory_passes * t.pass_s
+        assert per_sample(precision, machine, "tf1-2017") == pytest.approx(want + pays / (f.memory_bandwidth_gbs * 1e9))
+    # The fitted V100 rows have none (FP32 on CUDA cores, AMP in channels_last): the fit is unchanged by the term.
+    for p in DLE_POINTS:
+        wp = Workload(MODELS[p.model], batch=p.batch, precision=p.precision)
+        assert layout_bytes(wp, machine_facts(DLE_MACHINE, p.precision), PYTORCH_2021.factors.channels_last) == 0
 
 
 def test_held_out_generations_are_other_machines_and_their_errors_are_computed() -> None:

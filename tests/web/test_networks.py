@@ -23,6 +23,7 @@ def test_convnet_on_fashion_mnist_matches_its_arithmetic() -> None:
     # every leaf's output: conv, BN, ReLU (28²×32 each), pool (14²×32); the same at 14²×64 / 7²×64; the head
     acts = 3 * 784 * 32 + 196 * 32 + 3 * 196 * 64 + 49 * 64 + 49 * 64 + 3136 + 3 * 128 + 10
     assert got["activations"] == acts
+    assert got["conv_io"] == (1 * 784 + 32 * 784) + (32 * 196 + 64 * 196)  # each convolution's input + output
 
 
 def test_resnet50_at_224_is_what_the_planner_knows() -> None:
@@ -31,8 +32,11 @@ def test_resnet50_at_224_is_what_the_planner_knows() -> None:
     assert got["forward_flops"] / 1e9 == pytest.approx(cost.forward_gflops, rel=1e-9)
     assert got["params"] / 1e6 == pytest.approx(cost.params_m, rel=1e-9)
     assert got["activations"] / 1e6 == pytest.approx(cost.activations_m, rel=1e-9)
+    assert got["conv_io"] / 1e6 == pytest.approx(cost.conv_io_m, rel=1e-9)
     planned = model_cost({"model": "resnet50", **got}, (3, 224, 224))
-    assert (planned.forward_gflops, planned.params_m) == pytest.approx((cost.forward_gflops, cost.params_m))
+    assert (planned.forward_gflops, planned.params_m, planned.conv_io_m) == pytest.approx(
+        (cost.forward_gflops, cost.params_m, cost.conv_io_m)
+    )
 
 
 def test_a_model_that_cannot_take_the_data_shows_the_registrys_reason() -> None:
