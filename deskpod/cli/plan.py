@@ -173,6 +173,10 @@ def _print_plans(plans: list[Any], as_json: bool) -> None:
         print(f"{p.machine:<20}{p.nodes:>6}{p.devices_per_node:>5}{p.compute_s * 1e3:>11.1f}{p.comm_s * 1e3:>9.1f}"
               f"{p.exposed_comm_s * 1e3:>9.1f}{p.input_s * 1e3:>8.1f}{p.step_s * 1e3:>9.1f}{p.images_per_s:>11,.0f}"
               f"{p.scaling_efficiency:>8.1%}{_hours(p.time_to_train_s):>10}{p.energy_kwh:>11,.0f}{price:>13}")  # fmt: skip
+    for p in plans:
+        if p.layout_s > 0:
+            print(f"{p.machine}: compute includes {p.layout_s * 1e3:.1f} ms of layout changes per step ({p.precision} "
+                  f"convolutions in NCHW on Tensor Cores, as stack {p.stack} runs them; channels_last pays none)")  # fmt: skip
 
 
 def run_predict(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ from pathlib import Path
 from deskpod.comm.cost import MAX_NODES, Network, predict
 from deskpod.errors import UsageError
 from deskpod.hardware.catalog import Machine, find_machine
-from deskpod.plan.factors import Factors, MachineFacts, compute_time
+from deskpod.plan.factors import Factors, MachineFacts, compute_time, layout_bytes
 from deskpod.plan.stacks import DEFAULT_STACK, LOCAL_STACK, find_stack
 from deskpod.plan.workload import BYTES_PER_ELEMENT, Precision, Workload
 
@@ -124,6 +124,8 @@ class Plan:
     precision: Precision
     peak_key: str
     compute_s: float
+    layout_s: float
+    """Of ``compute_s``: the layout changes of NCHW convolutions on Tensor Cores (`deskpod.plan.factors.layout_bytes`)."""
     comm_s: float
     exposed_comm_s: float
     input_s: float
@@ -187,6 +189,11 @@ def predict_plan(
     if nodes > 1 and network is None and not f.topology.nics:
         raise UsageError(f"{f.name} has no NICs in the catalog; give the network, e.g. --network 1x100 (NICs x Gb/s)")
     compute = compute_time(workload, f, factors)
+    layout = (
+        0.0
+        if f.kind == "cpu"
+        else workload.batch * layout_bytes(workload, f, factors.channels_last) / (f.memory_bandwidth_gbs * 1e9)
+    )
     comm = 0.0
     algorithm = "none"
     if g * nodes > 1:
@@ -214,7 +221,7 @@ def predict_plan(
     power_kw = f.power_w * nodes / 1000
     return Plan(
         machine=f.name, stack=stack_name, nodes=nodes, devices_per_node=g, precision=workload.precision,
-        peak_key=f.peak_key, compute_s=compute, comm_s=comm, exposed_comm_s=exposed, input_s=input_s, step_s=step,
+        peak_key=f.peak_key, compute_s=compute, layout_s=layout, comm_s=comm, exposed_comm_s=exposed, input_s=input_s, step_s=step,
         images_per_s=rate, single_device_images_per_s=single, scaling_efficiency=rate / (single * g * nodes),
         time_to_train_s=ttt, energy_kwh=power_kw * ttt / 3600, power_kw=power_kw,
         price_usd=f.price_usd * nodes if f.price_usd is not None else None, comm_algorithm=algorithm,

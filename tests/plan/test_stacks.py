@@ -109,6 +109,8 @@ def test_nchw_convolutions_on_tensor_cores_pay_layout_changes_and_nothing_else_d
     with_layout = predict_plan(w, "dgx-a100-80gb", devices_per_node=1).compute_s
     without = predict_plan(w, "dgx-a100-80gb", devices_per_node=1, factors=nhwc).compute_s
     assert (with_layout - without) / 256 == pytest.approx(extra, rel=1e-9) and extra > 0
+    plan = predict_plan(w, "dgx-a100-80gb", devices_per_node=1)
+    assert plan.layout_s == pytest.approx(256 * extra) and plan.as_dict()["layout_s"] == plan.layout_s
     # AMP runs channels_last under pytorch-2021 and NCHW under tf1-2017; FP32 runs on CUDA cores either way;
     # the P100's FP16 has no Tensor Cores.
     for precision, machine in (("fp16", "dgx-a100-80gb"), ("fp32", "dgx-a100-80gb"), ("fp16", "dgx1-p100")):
@@ -157,6 +159,14 @@ def test_report_labels_every_row_with_its_stack() -> None:
         assert ("**marked**" in cell) == r["marked"]
     assert text.count("| pytorch-2021 | dgx-a100-80gb |") == 4
     assert f"## The fit of {TF1_2017.name}" in text and f"## The fit of {PYTORCH_2021.name}" in text
+
+
+def test_cli_says_what_the_layout_costs_only_where_it_costs(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(capsys, "predict", "--machine", "dgx-a100-80gb", "--precision", "tf32", "--batch", "256")
+    layout = predict_plan(Workload(MODELS["resnet50"], batch=256, precision="tf32"), "dgx-a100-80gb").layout_s
+    assert code == 0 and f"compute includes {layout * 1e3:.1f} ms of layout changes per step (tf32" in out
+    code, out, _ = _cli(capsys, "predict", "--machine", "dgx-a100-80gb", "--precision", "fp16", "--batch", "256")
+    assert code == 0 and "layout" not in out.split("\n", 1)[1]  # AMP runs channels_last (the stack line aside)
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
