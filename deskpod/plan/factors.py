@@ -52,6 +52,10 @@ class Factors:
     input_overlap: bool = False
     """False: decoding adds to the step (``1/real = 1/synthetic + 1/input``, the tf1-2017 fit's shape);
     True: the pipeline runs ahead of the step (DataLoader workers prefetching) and only what exceeds it shows."""
+    sync_s: float = 0.0
+    """Seconds per step that training on more than one device costs beyond the modelled all-reduce: what a
+    step waits for each time all ranks meet (DDP finishing its gradient buckets, the slowest rank), the
+    same on any hardware. 0 for tf1-2017, whose fitted ``e_n`` and ``overlap`` carry its losses."""
     channels_last: tuple[Precision, ...] = ()
     """Precisions the stack trains in NHWC (channels_last); the others run NCHW, and on Tensor Cores pay
     `TRANSPOSE_MOVES` per convolution element."""

@@ -16,7 +16,8 @@ Per device and step (``b`` samples of a model with forward FLOPs ``F``, ``A`` ac
 * **communication**: an all-reduce of the gradients (parameters x the stack's gradient bytes, or
   the precision's) over the node's devices and the nodes, timed by `deskpod.comm.cost` (rings on the
   machine's topology, the NICs nearest the GPUs across nodes) at the stack's efficiency ``e_n``; the
-  backward pass hides up to ``overlap`` of its time, the rest is **exposed**;
+  backward pass hides up to ``overlap`` of its time, the rest is **exposed**, and so is the stack's
+  per-step synchronization cost ``sync_s`` (only where more than one device trains);
 * **input pipeline** (``data = real``): decoding ``b x devices`` images on the node's CPU cores at
   ``r`` images/s per core; in series with the step (``1/real = 1/synthetic + 1/input``, stack
   tf1-2017) or running ahead of it, showing only where it is the slower (stack pytorch-2021, DataLoader workers).
@@ -128,6 +129,9 @@ class Plan:
     """Of ``compute_s``: the layout changes of NCHW convolutions on Tensor Cores (`deskpod.plan.factors.layout_bytes`)."""
     comm_s: float
     exposed_comm_s: float
+    """The all-reduce the backward pass does not hide, plus ``sync_s``."""
+    sync_s: float
+    """Of ``exposed_comm_s``: the stack's per-step synchronization cost (`deskpod.plan.factors.Factors.sync_s`)."""
     input_s: float
     """What the input pipeline adds to the step: all of it in series, what exceeds the step when it runs ahead."""
     step_s: float
@@ -204,7 +208,8 @@ def predict_plan(
                     efficiency=factors.comm_efficiency)  # fmt: skip
         comm, algorithm = p.time_s, p.algorithm
     backward = compute * 2 / 3
-    exposed = max(0.0, comm - factors.overlap * backward)
+    sync = factors.sync_s if g * nodes > 1 else 0.0
+    exposed = max(0.0, comm - factors.overlap * backward) + sync
     per_image_input = 0.0
     if workload.data == "real":
         per_image_input = 1 / (factors.input_images_per_core * (f.cpu_cores or 32))
@@ -221,7 +226,7 @@ def predict_plan(
     power_kw = f.power_w * nodes / 1000
     return Plan(
         machine=f.name, stack=stack_name, nodes=nodes, devices_per_node=g, precision=workload.precision,
-        peak_key=f.peak_key, compute_s=compute, layout_s=layout, comm_s=comm, exposed_comm_s=exposed, input_s=input_s, step_s=step,
+        peak_key=f.peak_key, compute_s=compute, layout_s=layout, comm_s=comm, exposed_comm_s=exposed, sync_s=sync, input_s=input_s, step_s=step,
         images_per_s=rate, single_device_images_per_s=single, scaling_efficiency=rate / (single * g * nodes),
         time_to_train_s=ttt, energy_kwh=power_kw * ttt / 3600, power_kw=power_kw,
         price_usd=f.price_usd * nodes if f.price_usd is not None else None, comm_algorithm=algorithm,

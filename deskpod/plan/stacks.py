@@ -75,11 +75,12 @@ PYTORCH_2021 = Stack(
         cpu_compute_efficiency=Factors().cpu_compute_efficiency,
         gradient_bytes=4,
         input_overlap=True,
+        sync_s=0.009327,
         channels_last=("fp16", "bf16"),
     ),
     not_fitted="overlap 1.0 (DDP all-reduces gradient buckets while the backward pass runs) and comm_efficiency "
     "1.0 (the cost model's link-rate bound): one DGX-1 hides its all-reduce behind the backward pass, so the "
-    "table cannot show either; cpu_compute_efficiency is the 2016-17 CPU baseline's (calibration.md 4.4); "
+    "table cannot show either (what its FP32 8-GPU row loses, 9.3 ms a step, is sync_s, fitted); cpu_compute_efficiency is the 2016-17 CPU baseline's (calibration.md 4.4); "
     "no TF32 figure (V100 has none): TF32 runs at the TF32 Tensor Core peak with the stack's one compute efficiency, "
     "in NCHW as configs.yml has it, so its convolutions pay the layout changes of deskpod.plan.factors.TRANSPOSE_MOVES "
     "(derived, not fitted: neither fitted row has them, FP32 running on CUDA cores and AMP in channels_last)",
