@@ -18,25 +18,14 @@ Each variant refits what depends on it (the input rate ``r``) to the V100 table,
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-from deskpod.plan.calibration import DLE_MACHINE, DLE_POINTS, predicted
+from deskpod.plan.calibration import DLE_MACHINE, DLE_POINTS, fit_input_rate, predicted
 from deskpod.plan.factors import Factors
 from deskpod.plan.generations import HELD_OUT
 from deskpod.plan.predict import predict_plan
 from deskpod.plan.stacks import PYTORCH_2021
 from deskpod.plan.workload import MODELS, PRECISIONS, Workload
-
-
-def refit_input(f: Factors) -> Factors:
-    multi = [p for p in DLE_POINTS if p.fitted and p.gpus > 1]
-
-    def loss(rate: int) -> float:
-        cand = replace(f, input_images_per_core=float(rate))
-        return sum(math.log(predicted(p, cand, DLE_MACHINE) / p.images_per_s) ** 2 for p in multi)
-
-    return replace(f, input_images_per_core=float(min(range(50, 5001), key=loss)))
 
 
 def comm_reading(f: Factors) -> Factors:
@@ -47,14 +36,14 @@ def comm_reading(f: Factors) -> Factors:
         mid = (lo + hi) / 2
         rate = predicted(fp32, replace(f, sync_s=0.0, overlap=0.0, comm_efficiency=mid), DLE_MACHINE)
         lo, hi = (mid, hi) if rate < fp32.images_per_s else (lo, mid)
-    return refit_input(replace(f, sync_s=0.0, overlap=0.0, comm_efficiency=(lo + hi) / 2))
+    return fit_input_rate(replace(f, sync_s=0.0, overlap=0.0, comm_efficiency=(lo + hi) / 2))
 
 
 def main() -> int:
     now = PYTORCH_2021.factors
     variants = {
-        "before both": refit_input(replace(now, sync_s=0.0, channels_last=PRECISIONS)),
-        "+ layout only": refit_input(replace(now, sync_s=0.0)),
+        "before both": fit_input_rate(replace(now, sync_s=0.0, channels_last=PRECISIONS)),
+        "+ layout only": fit_input_rate(replace(now, sync_s=0.0)),
         "+ both (the stack)": now,
         "sync read as all-reduce efficiency": comm_reading(now),
     }

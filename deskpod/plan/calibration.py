@@ -191,6 +191,18 @@ def fit() -> Factors:
     return replace(gpu, cpu_compute_efficiency=fit_cpu(gpu))
 
 
+def fit_input_rate(base: Factors) -> Factors:
+    """``base`` with stack pytorch-2021's ``r``: images/s per core on a grid, squared log error over the fitted
+    8-GPU figures (step 3 of `fit_pytorch_2021`)."""
+    multi = [p for p in DLE_POINTS if p.fitted and p.gpus > 1]
+
+    def loss(rate: int) -> float:
+        cand = replace(base, input_images_per_core=float(rate))
+        return sum(math.log(predicted(p, cand, DLE_MACHINE) / p.images_per_s) ** 2 for p in multi)
+
+    return replace(base, input_images_per_core=float(min(range(50, 5001), key=loss)))
+
+
 def fit_pytorch_2021() -> Factors:
     """Fit stack pytorch-2021's factors to the fitted `DLE_POINTS` (see the module docstring); deterministic."""
     fitted = [p for p in DLE_POINTS if p.fitted]
@@ -207,13 +219,7 @@ def fit_pytorch_2021() -> Factors:
     modelled = predict_plan(w, DLE_MACHINE, 1, devices_per_node=fp32.gpus, factors=free).step_s
     base = replace(base, sync_s=round(fp32.batch * fp32.gpus / fp32.images_per_s - modelled, 6))
     # 3. Input pipeline: images/s per core on a grid, over the 8-GPU figures.
-
-    def loss(rate: int) -> float:
-        cand = replace(base, input_images_per_core=float(rate))
-        return sum(math.log(predicted(p, cand, DLE_MACHINE) / p.images_per_s) ** 2 for p in multi)
-
-    rate = min(range(50, 5001), key=loss)
-    out = replace(base, input_images_per_core=float(rate))
+    out = fit_input_rate(base)
     for p in [*ones, fp32]:  # steps 1 and 2 assumed the pipeline does not show in these rows; it must not
         if abs(predicted(p, out, DLE_MACHINE) / p.images_per_s - 1) > 1e-3:
             raise AssertionError(f"pytorch-2021 fit: the input pipeline shows in {p.label} at {p.gpus} GPU(s)")

@@ -42,7 +42,7 @@ from pathlib import Path
 from deskpod.comm.cost import MAX_NODES, Network, predict
 from deskpod.errors import UsageError
 from deskpod.hardware.catalog import Machine, find_machine
-from deskpod.plan.factors import Factors, MachineFacts, compute_time, layout_bytes
+from deskpod.plan.factors import Factors, MachineFacts, compute_time, sample_terms
 from deskpod.plan.stacks import DEFAULT_STACK, LOCAL_STACK, find_stack
 from deskpod.plan.workload import BYTES_PER_ELEMENT, Precision, Workload
 
@@ -193,11 +193,7 @@ def predict_plan(
     if nodes > 1 and network is None and not f.topology.nics:
         raise UsageError(f"{f.name} has no NICs in the catalog; give the network, e.g. --network 1x100 (NICs x Gb/s)")
     compute = compute_time(workload, f, factors)
-    layout = (
-        0.0
-        if f.kind == "cpu"
-        else workload.batch * layout_bytes(workload, f, factors.channels_last) / (f.memory_bandwidth_gbs * 1e9)
-    )
+    layout = 0.0 if f.kind == "cpu" else workload.batch * sample_terms(workload, f, factors.channels_last).layout_s
     comm = 0.0
     algorithm = "none"
     if g * nodes > 1:
