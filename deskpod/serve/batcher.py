@@ -19,12 +19,15 @@ run out, everything that fits in ``max_batch_size`` goes. Without preferred size
 ``dynamic_batching``) runs every request alone, with its own rows.
 
 A lone request on a model with one instance runs on the event loop itself, not on the instance's thread, when
-the model's last lone request took less than `INLINE_MAX_S` from the loop's side (thread hand-off included)
+the model's last lone request took less than `INLINE_MAX_S` to execute (merge, run and split, wherever it ran)
 and this one is no larger. Handing a request to a thread and its answer back — two wake-ups across threads —
 cost 50–110 µs per request at 1 client here (`benchmarks/serve_ab.py`), as much as a small model's whole
 execution (the MLP of the serving benchmarks runs in 60–130 µs). The loop then stalls for no longer than such
 a run; a model that gets slower, or a larger request, goes back to the thread, and so does every batch of
-several requests: while a batch computes on its thread, the loop goes on reading the next requests.
+several requests: while a batch computes on its thread, the loop goes on reading the next requests. What is
+timed is the execution, not the round trip through the thread: on a busy box the hand-off alone can take
+longer than `INLINE_MAX_S`, and a round trip's time would then keep a fast model's requests on the thread
+for good.
 """
 
 from __future__ import annotations
@@ -144,8 +147,9 @@ class BatchQueue:
 
 def run_batch(
     runtime: Runtime, batch: Sequence[Pending], batched: bool, stats: ModelStats
-) -> list[dict[str, np.ndarray]]:
-    """Merge, execute and split one batch (on the instance's thread). Raises if the runtime misbehaves."""
+) -> tuple[list[dict[str, np.ndarray]], float]:
+    """Merge, execute and split one batch (on the instance's thread, or the loop: `Batcher._inline`): each
+    request's output rows, and the seconds that took. Raises if the runtime misbehaves."""
     t0 = time.perf_counter_ns()
     if len(batch) == 1:
         inputs = batch[0].inputs
@@ -170,7 +174,7 @@ def run_batch(
             start += p.rows
     t3 = time.perf_counter_ns()
     stats.record_execution(sum(p.rows for p in batch), t1 - t0, t2 - t1, t3 - t2)
-    return results
+    return results, (t3 - t0) / 1e9
 
 
 class InstanceThread:
@@ -244,7 +248,7 @@ class Batcher:
         self._draining = False
         self._emptied = asyncio.Event()
         self._lone: tuple[int, float] | None = None
-        """(input bytes, seconds from the loop's side) of the last lone request: may the next run on the loop?"""
+        """(input bytes, seconds of execution) of the last lone request: may the next run on the loop?"""
 
     def _inline(self, batch: list[Pending]) -> bool:
         """Run this batch on the loop (see the module docstring)?"""
@@ -315,13 +319,12 @@ class Batcher:
                 p.dispatched = now
                 self.stats.record_queue(now - p.arrived)
             try:
-                t = time.perf_counter()
                 if self._inline(batch):
-                    results = run_batch(runtime, batch, batched, self.stats)
+                    results, seconds = run_batch(runtime, batch, batched, self.stats)
                 else:
-                    results = await thread.run(run_batch, runtime, batch, batched, self.stats)
+                    results, seconds = await thread.run(run_batch, runtime, batch, batched, self.stats)
                 if len(batch) == 1:
-                    self._lone = (_nbytes(batch[0]), time.perf_counter() - t)
+                    self._lone = (_nbytes(batch[0]), seconds)
             except Exception as e:
                 err = e if isinstance(e, BatchFailed) else BatchFailed(f"batch of {len(batch)} requests failed: {e}")
                 for p in batch:

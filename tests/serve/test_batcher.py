@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
@@ -292,6 +293,37 @@ def test_a_fast_lone_request_runs_on_the_loop_and_a_slow_or_larger_one_on_the_in
     me, inst = threading.current_thread().name, "deskpod-instance_0"
     assert rt.threads == [inst, me, me, me, inst, me, inst, inst]
     assert rt.batches[-1] == 3
+
+
+def test_a_slow_hand_off_does_not_keep_a_fast_model_on_its_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What decides is the execution's own time: a hand-off back to the loop slower than INLINE_MAX_S (a busy
+    box) must not count against the model, or its lone requests would never leave the thread."""
+    import threading
+    import time
+
+    from deskpod.serve import batcher
+
+    monkeypatch.setattr(batcher, "INLINE_MAX_S", 0.05)
+    resolve = batcher._resolve
+
+    def slow_resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+        time.sleep(0.1)  # the answer reaches the loop 0.1 s after the execution ended
+        resolve(fut, result, exc)
+
+    monkeypatch.setattr(batcher, "_resolve", slow_resolve)
+    rt = Where()
+
+    async def main() -> None:
+        b = Batcher([rt], max_batch_size=8, max_queue_delay_s=0.0, max_queue_size=8, stats=ModelStats("m", "1"))
+        b.start()
+        for _ in range(3):
+            out = await b.submit({"x": np.ones((1, 2), np.float32)}, None)
+            np.testing.assert_array_equal(out["y"], np.full((1, 2), 2, np.float32))
+        await b.stop()
+
+    asyncio.run(main())
+    me = threading.current_thread().name
+    assert rt.threads == ["deskpod-instance_0", me, me]
 
 
 def test_a_model_with_several_instances_never_runs_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
