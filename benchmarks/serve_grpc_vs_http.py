@@ -21,9 +21,12 @@ Measured, as paired ratios within this run (the 2 cores are shared, absolute num
     (user + system from /proc/PID/stat over the level, divided by the requests answered): the server's own cost,
     free of the client's; and the rows per execution there (the model's statistics: how well requests batch);
   * grpcio's own floor: one synchronous grpcio channel in this process sends the very bytes of the MLP's
-    ModelInferRequest (raw contents) to deskpod's ModelInfer and, alternating call by call, to a bare
-    ``grpc.aio`` server in its own process whose one generic handler answers deskpod's own reply bytes without
-    reading the request (no deskpod code): p50 of each and what deskpod adds over that floor;
+    ModelInferRequest (raw contents) to deskpod's ModelInfer and, alternating call by call, to two bare servers,
+    each in its own process, whose one generic handler answers deskpod's own reply bytes without reading the
+    request (no deskpod code): grpcio's ``grpc.aio`` server and its synchronous ``grpc.server`` (a thread pool);
+    in the same alternation, one blocking socket in this process sends the MLP's HTTP request bytes (binary
+    tensors) to deskpod's HTTP port and reads the whole answer: deskpod's whole HTTP request, from the leanest
+    client there is, against grpcio's bare servers from grpcio's own leanest client; p50 of each;
   * grpcio's own ceiling: the load generator's unary gRPC at 32 clients against that bare server (on uvloop,
     as deskpod serves); against the same server making one round trip per call to a one-thread pool (what a
     batch does to its model instance's thread); and with that thread running the MLP in ONNX Runtime (deskpod's
@@ -37,6 +40,7 @@ import argparse
 import functools
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -190,11 +194,28 @@ def _echo_main(port_file: str) -> None:
     ``ECHO_REPLY`` bytes. With ``ECHO_HOP=1`` each call first makes one round trip to a one-thread pool, as a
     request's batch does to its model instance's thread (`deskpod.serve.batcher`), doing nothing there; with
     ``ECHO_ONNX=PATH`` as well, that thread runs the MLP there (ONNX Runtime with deskpod's session settings, on
-    one row of zeros), and the reply is still the fixed bytes."""
+    one row of zeros), and the reply is still the fixed bytes. With ``ECHO_SYNC=1`` it is grpcio's synchronous
+    server instead (``grpc.server`` on a 4-thread pool, the handler answering on its pool thread)."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
     import grpc
+
+    class AnyMethod(grpc.GenericRpcHandler):
+        def __init__(self, handle: Any) -> None:
+            self.handler = grpc.unary_unary_rpc_method_handler(handle)
+
+        def service(self, details: Any) -> Any:
+            return self.handler
+
+    if os.environ.get("ECHO_SYNC") == "1":
+        fixed = bytes.fromhex(os.environ["ECHO_REPLY"])
+        sync_server = grpc.server(ThreadPoolExecutor(4))
+        sync_server.add_generic_rpc_handlers((AnyMethod(lambda request, context: fixed),))
+        Path(port_file).write_text(str(sync_server.add_insecure_port("127.0.0.1:0")))
+        sync_server.start()
+        sync_server.wait_for_termination()
+        return
 
     async def serve() -> None:
         reply = bytes.fromhex(os.environ["ECHO_REPLY"])
@@ -214,12 +235,8 @@ def _echo_main(port_file: str) -> None:
                 await asyncio.get_running_loop().run_in_executor(pool, work)
             return reply
 
-        class AnyMethod(grpc.GenericRpcHandler):
-            def service(self, details: Any) -> Any:
-                return grpc.unary_unary_rpc_method_handler(handle)
-
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers((AnyMethod(),))
+        server.add_generic_rpc_handlers((AnyMethod(handle),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         Path(port_file).write_text(str(port))
@@ -234,11 +251,12 @@ def _echo_main(port_file: str) -> None:
 
 
 def start_echo(
-    reply: bytes, hop: bool, port_file: Path, onnx: Path | None = None
+    reply: bytes, hop: bool, port_file: Path, onnx: Path | None = None, sync: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A bare server (`_echo_main`) in its own process, and the address it listens on."""
     port_file.unlink(missing_ok=True)
-    env = {**os.environ, "ECHO_REPLY": reply.hex(), "ECHO_HOP": "1" if hop else "0", "ECHO_ONNX": str(onnx or "")}
+    env = {**os.environ, "ECHO_REPLY": reply.hex(), "ECHO_HOP": "1" if hop else "0", "ECHO_ONNX": str(onnx or ""),
+           "ECHO_SYNC": "1" if sync else "0"}  # fmt: skip
     echo = subprocess.Popen([sys.executable, __file__, "--_echo", str(port_file)], env=env, cwd=ROOT)
     deadline = time.monotonic() + 60
     while not port_file.exists() or not port_file.read_text():
@@ -254,37 +272,76 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=30)
 
 
-def grpc_floor(deskpod_url: str, x: np.ndarray, seconds: float, tmp: Path) -> dict[str, float]:
-    """p50 ms of raw ModelInfer bytes to deskpod and to a bare grpc.aio server, alternating call by call."""
+def http_call(sock: socket.socket, data: bytes) -> bytes:
+    """One HTTP/1.1 request on a blocking keep-alive socket: its answer's body (the head's Content-Length)."""
+    sock.sendall(data)
+    buf = b""
+    while (end := buf.find(b"\r\n\r\n")) < 0:
+        buf += sock.recv(65536)
+    head = buf[:end].decode("latin-1").lower()
+    length = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
+    body = buf[end + 4 :]
+    while len(body) < length:
+        body += sock.recv(65536)
+    if not head.startswith("http/1.1 200"):
+        raise SystemExit(f"deskpod's HTTP infer answered {head.splitlines()[0]!r}")
+    return body
+
+
+FLOORS = {
+    "deskpod": "deskpod's ModelInfer (gRPC)",
+    "bare": "bare grpc.aio server, fixed reply",
+    "bare_sync": "bare synchronous grpc.server, fixed reply",
+    "deskpod_http": "deskpod's whole HTTP infer, one blocking socket",
+}
+
+
+def grpc_floor(deskpod_url: str, http_url: str, x: np.ndarray, seconds: float, tmp: Path) -> dict[str, float]:
+    """p50 ms of raw ModelInfer bytes to deskpod and to grpcio's two bare servers, and of the same request over
+    deskpod's HTTP from a blocking socket, alternating call by call (`FLOORS`)."""
     import grpc
 
-    from deskpod.serve.loadgen import decode_grpc_response, grpc_request
+    from deskpod.serve.loadgen import LoadSpec, decode_grpc_response, grpc_request
 
     request = grpc_request("mlp", {"input": x}).SerializeToString()
+    host, port = http_url.rsplit(":", 1)
+    http_request = LoadSpec(host=host, port=int(port), model="mlp", inputs={"input": x}).request_bytes()
     channel = grpc.insecure_channel(deskpod_url)
     infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
     reply = infer(request)
     if decode_grpc_response(reply)["logits"].shape != (1, 10):
         raise SystemExit("deskpod's ModelInfer answered something other than [1, 10] logits")
     echo, url = start_echo(reply, False, tmp / "echo.port")
+    echo_sync, sync_url = start_echo(reply, False, tmp / "echo-sync.port", sync=True)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        bare_channel = grpc.insecure_channel(url)
+        bare_channel, sync_channel = grpc.insecure_channel(url), grpc.insecure_channel(sync_url)
         bare = bare_channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
-        if bare(request) != reply:
-            raise SystemExit("the bare grpc.aio server answered other bytes")
-        times: dict[str, list[float]] = {"deskpod": [], "bare": []}
+        bare_sync = sync_channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        if bare(request) != reply or bare_sync(request) != reply:
+            raise SystemExit("a bare grpcio server answered other bytes")
+        http = functools.partial(http_call, sock, http_request)
+        if len(http()) < 40:  # the binary logits alone are 40 bytes
+            raise SystemExit("deskpod's HTTP infer answered a body too short to hold the logits")
+        calls = {"deskpod": functools.partial(infer, request), "bare": functools.partial(bare, request),
+                 "bare_sync": functools.partial(bare_sync, request), "deskpod_http": http}  # fmt: skip
+        times: dict[str, list[float]] = {k: [] for k in calls}
         for _ in range(50):
-            infer(request)
-            bare(request)
+            for call in calls.values():
+                call()
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            for name, call in (("deskpod", infer), ("bare", bare)):
+            for name, call in calls.items():
                 t0 = time.perf_counter()
-                call(request)
+                call()
                 times[name].append(time.perf_counter() - t0)
         bare_channel.close()
+        sync_channel.close()
     finally:
+        sock.close()
         stop(echo)
+        stop(echo_sync)
         channel.close()
     return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
@@ -368,7 +425,7 @@ def main() -> None:
                 for p in [*order, "grpc-stream"] if rep % 2 == 0 else ["grpc-stream", *order]:
                     p50 = client_p50_ms(calls[p], x, a.duration)
                     rows.append({"tool": "tritonclient", "protocol": p, "clients": 1, "repeat": rep, "p50_ms": p50})
-                floor = grpc_floor(urls["grpc"], x, a.duration, Path(tmp))
+                floor = grpc_floor(urls["grpc"], urls["http"], x, a.duration, Path(tmp))
                 for server, p50 in floor.items():
                     rows.append({"tool": "raw_grpc", "protocol": server, "clients": 1, "repeat": rep, "p50_ms": p50})
                 for r in bare_at_32(urls["grpc"], x, a.duration, a.warmup, Path(tmp), onnx_path):
@@ -420,11 +477,13 @@ def summarize(rows: list[dict[str, Any]], direct_ms: float, repeats: int) -> dic
             statistics.median(each("bare_grpc", k, 32, "server_us_per_request")), 1
         )
         out[f"throughput_32_grpc_over_bare_{k}"] = ratio(tput["grpc"], bare)
-    raw = {k: each("raw_grpc", k, 1, "p50_ms") for k in ("deskpod", "bare")}
+    raw = {k: each("raw_grpc", k, 1, "p50_ms") for k in FLOORS}
     out["raw_grpc_p50_ms"] = {k: round(statistics.median(v), 4) for k, v in raw.items()}
     out["raw_grpc_deskpod_minus_bare_ms"] = round(
         statistics.median(d - b for d, b in zip(raw["deskpod"], raw["bare"], strict=True)), 4
     )
+    for k in ("bare", "bare_sync"):
+        out[f"raw_{k}_over_deskpod_http"] = ratio(raw[k], raw["deskpod_http"])
     return out
 
 
@@ -448,8 +507,13 @@ def table(s: dict[str, Any]) -> str:
     r = s["raw_grpc_p50_ms"]
     lines.append(
         f"raw gRPC p50 ms: deskpod ModelInfer {r['deskpod']:.3f}, bare grpc.aio {r['bare']:.3f}, "
-        f"deskpod adds {s['raw_grpc_deskpod_minus_bare_ms']:.3f} (direct ORT {s['direct_ort_p50_ms']:.3f})"
+        f"deskpod adds {s['raw_grpc_deskpod_minus_bare_ms']:.3f} (direct ORT {s['direct_ort_p50_ms']:.3f}); "
+        f"bare synchronous grpc.server {r['bare_sync']:.3f}; deskpod's whole HTTP infer, one blocking socket, "
+        f"{r['deskpod_http']:.3f}"
     )
+    for k in ("bare", "bare_sync"):
+        g = s[f"raw_{k}_over_deskpod_http"]
+        lines.append(f"{FLOORS[k]} / {FLOORS['deskpod_http']}: {g['median']:.2f} {g['per_repeat']}")
     for k, what in BARE_STEPS.items():
         g = s[f"throughput_32_grpc_over_bare_{k}"]
         lines.append(
