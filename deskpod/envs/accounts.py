@@ -1,4 +1,4 @@
-"""The OS accounts jobs run as, becoming one of them, and the files the root daemon makes in their folders.
+"""The OS accounts jobs run as, and becoming one of them.
 
 The pod service runs as root (like slurmd) and starts each job as the OS account its deskpod user maps
 to. An `Account` is that account as the password and group databases describe it. Two ways to become
@@ -12,28 +12,21 @@ it in a child process:
 * `as_account_argv` puts util-linux's ``setpriv`` in front of a command line, for a root parent that
   only spawns (the supervisor's shim uses ``posix_spawnp``) and so cannot switch in between.
 
-Root writing into a folder a user owns is how a privileged daemon gets tricked into overwriting
-``/etc/shadow``: the user plants a symbolic link where the daemon will write. `prepare_owned_dir` and
-`write_no_follow` never follow a link at the path they are given.
+What the root daemon reads and writes in the folders these accounts own goes through
+`deskpod.envs.userfiles`, which follows no link a user planted.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import shutil
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
 from deskpod.errors import ConfigError, RunError
-
-PARENT_MODE = 0o711
-"""Mode of the parent folders `prepare_owned_dir` creates: others may pass through to their own
-folder (a job's folder under the pod's home) but not list who else has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,74 +161,3 @@ def drop_privileges(account: Account) -> None:
         except PermissionError:
             return
         raise RunError(f"after switching to OS account {account.name!r} this process could still become root")
-
-
-def _open_dir_no_follow(path: Path) -> int:
-    """An fd of the folder at ``path``; `RunError` when a symbolic link or something else is there."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        if path.is_symlink():
-            raise RunError(f"refusing to use {path}: it is a symbolic link, not a folder") from None
-        raise RunError(f"cannot open folder {path}: {e.strerror}") from None
-
-
-def prepare_owned_dir(path: Path, account: Account, mode: int = 0o700) -> Path:
-    """Make ``path`` a folder owned by ``account`` (uid and primary gid) with ``mode``; returns ``path``.
-
-    Missing parents are created owned by this process with mode 0711. An existing folder is taken
-    over (chowned, chmodded) through a descriptor opened with ``O_NOFOLLOW``, so a symbolic link
-    planted at ``path`` is refused (`RunError`) and never followed; so is a file there.
-    """
-    path = Path(os.path.abspath(path))
-    missing: list[Path] = []
-    for parent in path.parents:
-        if parent.exists():
-            break
-        missing.append(parent)
-    for parent in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(parent, PARENT_MODE)
-            os.chmod(parent, PARENT_MODE)  # mkdir's mode is masked by the umask
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-    fd = _open_dir_no_follow(path)
-    try:
-        os.fchown(fd, account.uid, account.gid)
-        os.fchmod(fd, mode)
-    except OSError as e:
-        raise RunError(f"cannot give folder {path} to OS account {account.name!r}: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    return path
-
-
-def write_no_follow(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` (a file in a folder someone else may control) without following links.
-
-    The bytes go to a temporary name beside it, created with ``O_CREAT|O_EXCL|O_NOFOLLOW`` relative to
-    the folder's descriptor (itself opened with ``O_NOFOLLOW``), then renamed over ``path``: a symbolic
-    link planted at either name is replaced, never written through. The file is owned by this process.
-    """
-    path = Path(os.path.abspath(path))
-    tmp = f".{path.name}.deskpod-tmp"
-    folder = _open_dir_no_follow(path.parent)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=folder)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder)
-        except OSError as e:
-            raise RunError(f"cannot write {path}: {e.strerror} (creating {tmp})") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise RunError(f"cannot write {path}: {tmp} is not a regular file")
-            os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-    finally:
-        os.close(folder)

@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deskpod.envs import images
-from deskpod.envs.accounts import Account, prepare_owned_dir, write_no_follow
+from deskpod.envs.accounts import Account
 from deskpod.envs.cache import EnvCache
 from deskpod.envs.definition import EnvDefinition
 from deskpod.envs.python import resolve_python
 from deskpod.envs.sandbox import Walls, gpu_device_nodes, sandbox_argv
+from deskpod.envs.userfiles import prepare_owned_dir, write_no_follow
 from deskpod.jobs.identity import Accounts
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.store import User

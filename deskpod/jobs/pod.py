@@ -476,7 +476,7 @@ class Pod:
             return list(spec.command)
         import tomli_w
 
-        from deskpod.envs.accounts import write_no_follow
+        from deskpod.envs.userfiles import write_no_follow
 
         folder.mkdir(parents=True, exist_ok=True)
         config = folder / "train.toml"

@@ -21,9 +21,8 @@ from deskpod.envs.accounts import (
     drop_privileges,
     may_read,
     popen_credentials,
-    prepare_owned_dir,
-    write_no_follow,
 )
+from deskpod.envs.userfiles import prepare_owned_dir, write_no_follow
 from deskpod.errors import ConfigError, RunError
 from tests.unix_users import make_group
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from deskpod.envs.accounts import Account, drop_privileges, popen_credentials, prepare_owned_dir
+from deskpod.envs.accounts import Account, drop_privileges, popen_credentials
 from deskpod.envs.sandbox import Walls, bwrap_path, check_sandbox, gpu_device_nodes, sandbox_argv
+from deskpod.envs.userfiles import prepare_owned_dir
 from deskpod.errors import ConfigError, DeviceError, RunError
 from tests.unix_users import processes_of
 
