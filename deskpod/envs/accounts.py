@@ -19,14 +19,19 @@ What the root daemon reads and writes in the folders these accounts own goes thr
 from __future__ import annotations
 
 import os
+import platform
 import pwd
 import shutil
-from collections.abc import Sequence
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from deskpod.errors import ConfigError, RunError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,57 @@ def may_read(account: Account, path: Path) -> bool:
         if bits & need != need:
             return False
     return True
+
+
+_SETGROUPS = {"x86_64": 116, "aarch64": 159}
+"""``setgroups``'s system call number (Linux: arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/
+unistd.h), called raw: glibc's wrapper changes the groups of every thread of the process, not of one."""
+
+
+def as_account(account: Account, fn: Callable[[], T]) -> T:
+    """``fn()`` with the file-system rights of ``account``: every path it opens, lists or stats is checked by
+    the kernel as for a process of that account (folders it cannot enter, ACLs, groups), nothing as root.
+
+    For a root daemon that must open a path a user named (a job's work directory, a dataset) exactly as that
+    user could, and no further. ``fn`` runs in a new thread of this process whose file-system uid and gid
+    (``setfsuid``/``setfsgid``, which Linux keeps per thread) and supplementary groups are the account's; its
+    other threads keep root's rights throughout, and the thread ends with ``fn``. A descriptor ``fn`` opens
+    stays valid after it (``--bind-fd`` hands it to a sandbox: the folder checked is the folder shown). ``fn``
+    must not import anything (the account may not read this interpreter's files). Raises what ``fn`` raises;
+    `RunError` when this process cannot take the account's rights (it is not root, or not on Linux).
+    """
+    if account.uid == os.geteuid() and account.gid == os.getegid():
+        return fn()
+    if os.geteuid() != 0:
+        raise RunError(f"cannot check paths as OS account {account.name!r}: only a pod service run by root can")
+    number = _SETGROUPS.get(platform.machine())
+    if sys.platform != "linux" or number is None:
+        raise RunError(f"cannot check paths as another OS account on {sys.platform} {platform.machine()}")
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            groups = (ctypes.c_uint * max(1, len(account.groups)))(*account.groups)
+            if libc.syscall(number, len(account.groups), groups) != 0:
+                raise RunError(f"setgroups for OS account {account.name!r} failed (errno {ctypes.get_errno()})")
+            libc.setfsgid(account.gid)
+            libc.setfsuid(account.uid)
+            if libc.setfsuid(-1 & 0xFFFFFFFF) != account.uid or libc.setfsgid(-1 & 0xFFFFFFFF) != account.gid:
+                raise RunError(f"could not take the file-system rights of OS account {account.name!r}")
+            out.append((True, fn()))
+        except BaseException as e:  # handed to the caller's thread
+            out.append((False, e))
+
+    thread = threading.Thread(target=run, name=f"deskpod-as-{account.name}", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def current_account() -> Account:

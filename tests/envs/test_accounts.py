@@ -16,6 +16,7 @@ from deskpod.envs.accounts import (
     Account,
     account_by_name,
     account_by_uid,
+    as_account,
     as_account_argv,
     current_account,
     drop_privileges,
@@ -209,3 +210,38 @@ def test_may_read_agrees_with_the_kernel(two_users: tuple[Account, Account]) -> 
         assert may_read(current_account(), base / "closed")  # root reads anything
     finally:
         shutil.rmtree(base)
+
+
+def test_as_account_opens_paths_with_the_accounts_rights_only(two_users: tuple[Account, Account]) -> None:
+    alice, bob = two_users
+    tmp_path = Path(tempfile.mkdtemp(prefix="deskpod-as-"))  # pytest's own folder is closed to other accounts
+    try:
+        _as_account_checks(tmp_path, alice, bob)
+    finally:
+        shutil.rmtree(tmp_path)
+
+
+def _as_account_checks(tmp_path: Path, alice: Account, bob: Account) -> None:
+    private = tmp_path / "bob-home"
+    (private / "photos").mkdir(parents=True)
+    (private / "photos" / "a.txt").write_text("bob's")
+    os.chown(private, bob.uid, bob.gid)
+    private.chmod(0o700)  # the folder inside is 0755 and its file 0644: only the closed parent keeps alice out
+    tmp_path.chmod(0o755)
+    shared = tmp_path / "shared.txt"
+    shared.write_text("everyone's")
+
+    def read(path: Path) -> str:
+        with open(path) as f:
+            return f.read()
+
+    assert as_account(alice, lambda: read(shared)) == "everyone's"
+    with pytest.raises(PermissionError):
+        as_account(alice, lambda: read(private / "photos" / "a.txt"))
+    assert as_account(bob, lambda: read(private / "photos" / "a.txt")) == "bob's"
+    assert read(private / "photos" / "a.txt") == "bob's"  # the caller's own rights are untouched
+    fd = as_account(bob, lambda: os.open(private / "photos", os.O_RDONLY | os.O_DIRECTORY))
+    try:
+        assert os.listdir(fd) == ["a.txt"]  # a descriptor opened as bob outlives the check
+    finally:
+        os.close(fd)
