@@ -93,29 +93,6 @@ def account_by_uid(uid: int) -> Account:
     return _account(entry)
 
 
-def may_read(account: Account, path: Path) -> bool:
-    """Whether ``account`` may read ``path`` (and list it, when it is a folder) by its mode bits: every folder
-    above it searchable, the path itself readable — for the owner, the group or others, as the kernel decides
-    for a process of ``account`` (root may read anything). ACLs are not looked at (they can only grant more)."""
-    if account.uid == 0:
-        return True
-    target = Path(os.path.realpath(path))  # the folders the kernel walks, links followed
-    for folder, need in [*((p, 0o1) for p in reversed(target.parents)), (target, 0o5 if target.is_dir() else 0o4)]:
-        try:
-            st = folder.stat()
-        except OSError:
-            return False
-        if st.st_uid == account.uid:
-            bits = st.st_mode >> 6
-        elif st.st_gid in account.groups:
-            bits = st.st_mode >> 3
-        else:
-            bits = st.st_mode
-        if bits & need != need:
-            return False
-    return True
-
-
 _SETGROUPS = {"x86_64": 116, "aarch64": 159}
 """``setgroups``'s system call number (Linux: arch/x86/entry/syscalls/syscall_64.tbl, include/uapi/asm-generic/
 unistd.h), called raw: glibc's wrapper changes the groups of every thread of the process, not of one."""

@@ -90,9 +90,14 @@ class Walls:
     """Where device nodes are taken from (tests use a folder of plain files standing in for GPUs)."""
     extra_ro: tuple[Path, ...] = ()
     """Bound read-only, for paths inside a hidden folder the job must read. Each must exist."""
+    binds: tuple[tuple[int, Path, bool], ...] = ()
+    """``(fd, where, writable)``: an open folder shown at ``where`` (``--bind-fd``). The caller opened it, e.g.
+    with the job's account's rights (`deskpod.envs.accounts.as_account`), so the folder shown is the folder that
+    was checked, whatever the path names by the time bubblewrap runs; the descriptor must reach bwrap
+    (inheritable)."""
 
     def __post_init__(self) -> None:
-        for p in (*self.writable, *self.hidden, *self.extra_ro, self.dev_root):
+        for p in (*self.writable, *self.hidden, *self.extra_ro, *(b[1] for b in self.binds), self.dev_root):
             if not Path(p).is_absolute():
                 raise ConfigError(f"sandbox path {str(p)!r} is not absolute; expected a path like /srv/job")
         for name in self.devices:
@@ -110,12 +115,14 @@ def _mounts(walls: Walls, env_dir: Path | None, *, open_parents: bool = False) -
     ``open_parents``: bwrap runs as root, so the folders it makes inside a tmpfs on the way to a shown path
     would be root's and closed (0700) to the job's account; make them 0755 first (``--perms 0755 --dir``).
     """
-    shown: dict[str, str] = {}
+    shown: dict[str, list[str]] = {}  # where -> the bwrap arguments that show it there
     for kind, paths in (("--ro-bind", (*walls.extra_ro, *((env_dir,) if env_dir else ()))), ("--bind", walls.writable)):
         for p in paths:
             if not os.path.lexists(p):
                 raise RunError(f"cannot sandbox the job: {p} does not exist (it was to be shown {kind[2:]})")
-            shown[_real(p)] = kind  # read-write wins over read-only at the same path
+            shown[_real(p)] = [kind, _real(p)]  # read-write wins over read-only at the same path
+    for fd, where, writable in walls.binds:
+        shown[os.path.normpath(where)] = ["--bind-fd" if writable else "--ro-bind-fd", str(fd)]
     ops: list[tuple[int, int, str, list[str]]] = []
     hidden_dirs: list[str] = []
     for p in walls.hidden:
@@ -131,7 +138,7 @@ def _mounts(walls: Walls, env_dir: Path | None, *, open_parents: bool = False) -
             ops.append((real.count("/"), 0, real, ["--ro-bind", "/dev/null", real]))
     made = {"/", *shown}
     covers = [*hidden_dirs, "/tmp", "/dev/shm"]  # tmpfs the sandbox lays over the host's folders
-    for real, kind in shown.items():
+    for real, source in shown.items():
         parents: list[str] = []
         if open_parents:
             for parent in reversed(Path(real).parents):
@@ -140,7 +147,7 @@ def _mounts(walls: Walls, env_dir: Path | None, *, open_parents: bool = False) -
                 if under and top not in made:
                     parents += ["--perms", "0755", "--dir", top]
                     made.add(top)
-        ops.append((real.count("/"), 1, real, [*parents, kind, real, real]))
+        ops.append((real.count("/"), 1, real, [*parents, *source, real]))
     out = [arg for *_, args in sorted(ops) for arg in args]
     for d in sorted(hidden_dirs, key=lambda d: d.count("/"), reverse=True):
         out += ["--remount-ro", d]

@@ -30,17 +30,21 @@ import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from deskpod.envs import images
-from deskpod.envs.accounts import Account
+from deskpod.envs.accounts import Account, as_account, current_account
 from deskpod.envs.cache import EnvCache
 from deskpod.envs.definition import EnvDefinition
 from deskpod.envs.python import resolve_python
 from deskpod.envs.sandbox import Walls, gpu_device_nodes, sandbox_argv
 from deskpod.envs.userfiles import prepare_owned_dir, write_no_follow
+from deskpod.errors import ConflictError
 from deskpod.jobs.identity import Accounts
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.store import User
+from deskpod.jobs.supervisor import SHIM
+from deskpod.train.runs import has_checkpoint
 
 SANDBOX_TMPFS = (Path("/tmp"), Path("/dev/shm"))
 """Folders every sandbox gets empty and private: an interpreter or a deskpod installed under them is shown again."""
@@ -48,13 +52,29 @@ SANDBOX_TMPFS = (Path("/tmp"), Path("/dev/shm"))
 SECRET_ENV = ("DESKPOD_TOKEN_FILE",)
 """Variables of the daemon's environment a job never inherits."""
 
+BOX_VARIABLES = (
+    "PATH", "LANG", "LANGUAGE", "TZ", "TERM",  # where programs are, the locale and time zone
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",  # which certificate authorities to trust
+    "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",  # the way out of this network
+    "DESKPOD_FASHION_MNIST",  # where this box keeps Fashion-MNIST
+)  # fmt: skip
+"""What a job takes from the daemon's environment (with every ``LC_*``): how this box is set up, the same for every
+user. Nothing else of the admin's environment reaches a user's job (it may hold the admin's own credentials); a job
+sets what else it needs in its spec's ``[env]``."""
+
+
+def box_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of the daemon's environment every job starts from (`BOX_VARIABLES`)."""
+    return {k: v for k, v in environ.items() if k in BOX_VARIABLES or k.startswith("LC_")}
+
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
     """How to start one attempt of a job."""
 
     argv: list[str]
-    env: dict[str, str]
+    plan: dict[str, Any]
+    """The job step's plan (`deskpod.jobs.shim`): its environment variables, working directory, build, lock."""
     options: list[str]
     """The shim's options (`deskpod.jobs.shim`)."""
     owner: tuple[int, int] | None
@@ -63,6 +83,14 @@ class Prepared:
     """The job's environment is not in the cache yet: its process builds it first."""
     notes: list[str] = field(default_factory=list)
     """For the job's history: which environment, which account, which walls."""
+    fds: tuple[int, ...] = ()
+    """Descriptors the shim inherits (folders opened as the job's account, bound into its sandbox); the caller
+    closes them once the shim has started."""
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @dataclass
@@ -81,15 +109,24 @@ class Isolation:
     readable: tuple[Path, ...] = field(default_factory=lambda: interpreter_paths())
     """What every job must be able to read: the daemon's Python (train and serve jobs run it)."""
 
-    def check(self, spec: JobSpec) -> None:
-        """Refuse at submission what can be known to fail: an interpreter or container runtime this box lacks."""
+    def check(self, spec: JobSpec, user: User | None = None) -> None:
+        """Refuse at submission what can be known to fail: an interpreter or container runtime this box lacks, a
+        work directory or served run the user could not open themselves (`ConflictError`)."""
         defn = spec.environment
-        if defn is None:
-            return
-        if defn.kind == "image":
-            images.check_image(defn)
-        else:
-            resolve_python(defn.python)
+        if defn is not None:
+            if defn.kind == "image":
+                images.check_image(defn)
+            else:
+                resolve_python(defn.python)
+        who = self.account(user) or self._daemon()
+        if spec.workdir is not None:
+            os.close(open_as(who, Path(spec.workdir), _WORKDIR))
+        if spec.serve is not None:
+            run = Path(spec.serve["run"])
+            if not as_account(who, lambda: has_checkpoint(run)):
+                raise ConflictError(
+                    f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)"
+                )
 
     def account(self, user: User | None) -> Account | None:
         """The account the job runs as, when it is not the daemon's own."""
@@ -97,6 +134,17 @@ class Isolation:
             return None
         account = self.accounts.account_for(user)
         return None if account.uid == self.accounts.daemon.uid else account
+
+    def _daemon(self) -> Account:
+        return self.accounts.daemon if self.accounts is not None else current_account()
+
+    def env_cache(self, account: Account | None) -> EnvCache:
+        """Where ``account``'s environments are built and kept: its own cache (`deskpod.envs.cache`), since a
+        build runs the account's code; the daemon's own jobs use the top of the cache."""
+        if account is None:
+            return self.envs
+        root = prepare_owned_dir(self.envs.root / "users" / account.name, account)
+        return EnvCache(root, sources=self.envs.sources, installer=self.envs.installer)
 
     def prepare(
         self,
@@ -121,82 +169,101 @@ class Isolation:
         else:
             folder.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in env.items() if k not in SECRET_ENV}
-        argv, options, notes = list(argv), ["--phase", str(phase_file)], []
+        options: list[str] = []
+        notes: list[str] = []
+        plan: dict[str, Any] = {"phase": str(phase_file)}
+        fds: list[int] = []
+        try:
+            return self._prepare(spec, account, folder, home, list(argv), env, devices, gpus, plan, options, notes, fds)
+        except BaseException:
+            Prepared(list(argv), plan, options, owner, False, notes, tuple(fds)).close()
+            raise
+
+    def _prepare(self, spec: JobSpec, account: Account | None, folder: Path, home: Path, argv: list[str],
+                 env: dict[str, str], devices: Sequence[int], gpus: bool, plan: dict[str, Any], options: list[str],
+                 notes: list[str], fds: list[int]) -> Prepared:  # fmt: skip
+        owner = (account.uid, account.gid) if account is not None else None
+        who = account or self._daemon()
+        binds: list[tuple[int, Path, bool]] = []  # (fd, where, writable): folders opened as the job's account
+        if spec.workdir is not None:  # opened as the account: the kernel decides, as it would for the user
+            fd = open_as(who, Path(spec.workdir), _WORKDIR)
+            fds.append(fd)
+            real = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            binds.append((fd, real, True))
+            plan["cwd"] = str(real)
+        if spec.serve is not None:
+            fd = open_as(who, Path(spec.serve["run"]), _SERVE_RUN)
+            fds.append(fd)
+            binds.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
         building = False
         defn = spec.environment
         venv = defn if defn is not None and defn.kind != "image" else None  # an environment the cache builds
         interp = resolve_python(venv.python) if venv is not None else None  # once per start: key and walls
-        workdir = Path(spec.workdir) if spec.workdir else folder
         node_names = gpu_device_nodes(devices, self.dev_dir) if self.sandbox else ()
         if gpus and node_names:  # in the sandbox only the job's GPUs exist: CUDA numbers them from 0
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(devices)))
+        cache: EnvCache | None = None
         if defn is not None and venv is None:
             runtime = images.check_image(defn)  # raises when the runtime went away since submission
             notes.append(f"image {defn.image} with {runtime}")
+            workdir = Path(plan.get("cwd", folder))
             argv = images.image_argv(
                 runtime, str(defn.image), argv, writable=[folder, workdir], workdir=workdir,
                 devices=[f"/dev/{n}" for n in node_names], env={},
             )  # fmt: skip
         elif venv is not None and interp is not None:
-            key = self.envs.key(venv, interp)
-            env_dir = self.envs.folder(key) / "env"
+            cache = self.env_cache(account)
+            key = cache.key(venv, interp)
+            env_dir = cache.folder(key) / "env"
             env = {**env, "PATH": f"{env_dir / 'bin'}:{env.get('PATH', os.defpath)}", "VIRTUAL_ENV": str(env_dir)}
             env.pop("PYTHONHOME", None)
-            if self.envs.lookup(venv, interp) is None:
+            if cache.lookup(venv, interp) is None:
                 building = True
                 record = folder / "environment.json"
                 write_no_follow(record, json.dumps(venv.to_json()).encode())
-                options += ["--build", json.dumps(self.build_argv(record, folder / "env-build.log"))]
-                notes.append(f"building environment {key[:12]} ({describe(venv)}); log: env-build.log")
+                plan["build"] = self.build_argv(cache, record, folder / "env-build.log")
+                plan["build_env"] = self.build_env(env, home)
+                notes.append(f"building environment {key[:12]} ({describe(venv)}) as "
+                             f"{who.name}; log: env-build.log")  # fmt: skip
             else:
-                self.envs.touch(key)
+                cache.touch(key)
                 notes.append(f"environment {key[:12]} ({describe(venv)}), cached")
-            options += ["--hold", str(self.envs.in_use_lock_path(key))]
+            plan["hold"] = str(cache.in_use_lock_path(key))
+            built = cache.folder(key)
+            plan["record"] = [[str(built / name), str(folder / "environment" / Path(name).name)]
+                              for name in RECORDED]  # fmt: skip
+        plan["env"] = dict(env)
         if self.sandbox:
             readable = [*self.readable, *([_prefix(interp.path)] if interp is not None else [])]
             closed = closed_ancestors(readable)
             covered = [*closed, *self.hidden, *SANDBOX_TMPFS]  # what the sandbox lays an empty tmpfs over
+            writable = [folder, *([home] if home != folder else [])]
+            if building and cache is not None:
+                writable.append(cache.root)  # the build writes the account's own cache, as the account
             walls = Walls(
-                writable=tuple(dict.fromkeys([folder, workdir, *([home] if home != folder else [])])),
+                writable=tuple(dict.fromkeys(writable)),
                 hidden=tuple(dict.fromkeys([*self.hidden, *closed])),
                 devices=node_names,
                 dev_root=self.dev_dir,
                 extra_ro=tuple(p for p in dict.fromkeys(readable) if _under_any(Path(os.path.realpath(p)), covered)),
+                binds=tuple(binds),
             )
             root = self.accounts is not None and self.accounts.root
             argv = sandbox_argv(
                 walls,
-                argv,
+                [sys.executable, "-I", "-S", str(SHIM), "--exec", "--", *argv],
                 account=account,
-                env_dir=self.envs.root if venv is not None else None,
-                cwd=workdir,
+                env_dir=cache.root if cache is not None and not building else None,
+                cwd=folder,
                 switch_user=root and account is not None,
-            )  # the cache is shared and read-only: shown whole
+            )  # the job step enters a work directory itself, as the account
+            options.append("--sandboxed")
             notes.append("sandboxed (bubblewrap)")
         elif account is not None:
             options += ["--as", f"{account.uid}:{account.gid}:{','.join(map(str, account.groups))}"]
         if account is not None:
             notes.append(f"as {account.name} (uid {account.uid})")
-        return Prepared(argv, dict(env), options, owner, building, notes)
-
-    def record(self, spec: JobSpec, folder: Path, owner: tuple[int, int] | None) -> None:
-        """Keep in the job's folder exactly what its environment has (freeze.txt, the lock it came from)."""
-        if spec.environment is None or spec.environment.kind == "image":
-            return
-        built = self.envs.lookup(spec.environment)
-        if built is None:
-            return
-        out = folder / "environment"
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(out, 0o755)
-        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # the job's user may have planted a link
-        try:
-            if owner is not None:
-                os.fchown(fd, *owner)
-        finally:
-            os.close(fd)
-        for src in (built.freeze, *built.inputs):
-            write_no_follow(out / src.name, src.read_bytes())
+        return Prepared(argv, plan, options, owner, building, notes, tuple(fds))
 
     def prune_soon(self, max_bytes: int) -> None:
         """Prune the environment cache to ``max_bytes`` in the background (never an environment in use)."""
@@ -209,9 +276,36 @@ class Isolation:
 
         threading.Thread(target=prune, name="deskpod-env-prune", daemon=True).start()
 
-    def build_argv(self, definition: Path, log: Path) -> list[str]:
-        return [sys.executable, "-m", "deskpod", "env", "build", "--cache", str(self.envs.root),
+    def build_argv(self, cache: EnvCache, definition: Path, log: Path) -> list[str]:
+        return [sys.executable, "-m", "deskpod", "env", "build", "--cache", str(cache.root),
                 "--definition", str(definition), "--log", str(log)]  # fmt: skip
+
+    def build_env(self, env: Mapping[str, str], home: Path) -> dict[str, str]:
+        """What the build step runs with: the job's box variables (not what the user put in ``[env]``), and the
+        package sources the daemon reads from pip's configuration, so that a build installs from where the
+        daemon would."""
+        out = {k: v for k, v in env.items() if k in ("PATH", "HOME", "USER", "LOGNAME") or k in BOX_VARIABLES}
+        out.update(self.envs.sources.uv_environment())
+        out["HOME"] = str(home)
+        return out
+
+
+RECORDED = ("freeze.txt", "requirements.txt", "project/pyproject.toml", "project/uv.lock")
+"""What a job's folder keeps of the environment it ran in (``environment/``): the exact packages, and the
+requirements or lock it came from."""
+
+_WORKDIR = "job spec: workdir {path!r} is not a folder you can open on this box"
+_SERVE_RUN = "job spec: serve.run {path!r} is not a run folder you can open on this box"
+
+
+def open_as(account: Account, path: Path, message: str) -> int:
+    """A descriptor of the folder ``path``, opened with ``account``'s rights (`as_account`); `ConflictError` with
+    ``message`` when it cannot be, the same whether it is missing or closed to the account, so that the answer
+    reveals nothing of what the account cannot see."""
+    try:
+        return as_account(account, lambda: os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    except OSError:
+        raise ConflictError(message.format(path=str(path))) from None
 
 
 def describe(defn: EnvDefinition) -> str:

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import AccessError, ConfigError, ConflictError, DeskpodError, NotFoundError, UsageError
+from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError, UsageError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast, forecast
-from deskpod.jobs.isolation import Isolation, Prepared
+from deskpod.jobs.isolation import Isolation, Prepared, box_environment
 from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
@@ -141,18 +141,18 @@ class Pod:
                 "deskpod up --backend slurm, or submit with deskpod submit --cluster slurm"
             )
         k = int(spec.devices)
-        if spec.workdir is not None and not Path(spec.workdir).is_dir():
-            raise ConflictError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
-        if spec.serve is not None:
-            _check_servable(Path(spec.serve["run"]))
         if self.isolation is not None:
-            try:
-                self.isolation.check(spec)
-                self.isolation.account(user)  # a user without an account to run as is refused now, not at start
+            try:  # paths in the spec are opened with the user's own rights there
+                self.isolation.check(spec, user)  # a user without an account to run as is refused now, not at start
             except ConfigError as e:  # the interpreter, container runtime or account this box lacks
                 raise ConflictError(str(e)) from None
-        elif spec.environment is not None:
-            raise ConflictError("job spec: environment: this pod runs jobs in its own Python only")
+        else:
+            if spec.environment is not None:
+                raise ConflictError("job spec: environment: this pod runs jobs in its own Python only")
+            if spec.workdir is not None and not Path(spec.workdir).is_dir():
+                raise ConflictError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
+            if spec.serve is not None:
+                _check_servable(Path(spec.serve["run"]))
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
         if k > self.device_count:
             raise ConflictError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
@@ -325,18 +325,8 @@ class Pod:
         took = now - (job.started_at or now)
         moved = self.store.transition(job.id, S.RUNNING, f"environment ready after {took:.1f} s; running",
                                       expect=[S.BUILDING], started_at=now)  # fmt: skip
-        if moved and self.isolation is not None:
-            self._record(job, self.job_folder(job), None)
-            if self.config.env_cache_limit is not None:
-                self.isolation.prune_soon(self.config.env_cache_limit)
-
-    def _record(self, job: JobRecord, folder: Path, owner: tuple[int, int] | None) -> None:
-        """Keep in the job's folder what its environment has; a failure is a note, never a failed start."""
-        assert self.isolation is not None
-        try:
-            self.isolation.record(job.spec, folder, owner)
-        except (OSError, DeskpodError) as e:
-            self.store.note(job.id, f"could not record the environment: {e}")
+        if moved and self.isolation is not None and self.config.env_cache_limit is not None:
+            self.isolation.prune_soon(self.config.env_cache_limit)
 
     def _finish(self, job: JobRecord, code: int | None, now: float) -> None:
         """Record how a job's process ended and decide: done, requeued, or retried."""
@@ -431,9 +421,9 @@ class Pod:
         ):  # fmt: skip
             return  # cancelled meanwhile
         files = self._files(job)
+        prep: Prepared | None = None
         try:
             argv = self._argv(job, files.folder)
-            cwd = Path(job.spec.workdir) if job.spec.workdir else files.folder
             env = self._env(job, devices, port)
             if self.isolation is not None:
                 prep = self.isolation.prepare(
@@ -442,14 +432,20 @@ class Pod:
                 )  # fmt: skip
             else:
                 files.folder.mkdir(parents=True, exist_ok=True)
-                prep = Prepared(argv, env, [], None, False)
+                cwd = job.spec.workdir or str(files.folder)
+                prep = Prepared(
+                    argv, {"env": env, "cwd": cwd, "phase": str(files.phase_file(attempt))}, [], None, False
+                )
             with sv.open_log(files.log, prep.owner) as log:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock()))
                 log.write(f"--- deskpod: job {job.id} attempt {attempt} on devices {shown} at {stamp} ---\n".encode())
             pid, started = self.sup.spawn(
-                prep.argv, env=prep.env, cwd=cwd, files=files, attempt=attempt, options=prep.options, owner=prep.owner
-            )
+                prep.argv, plan=prep.plan, files=files, attempt=attempt, options=prep.options, owner=prep.owner,
+                pass_fds=prep.fds,
+            )  # fmt: skip
         except Exception as e:  # whatever stops the start, the job must not stay "starting"
+            if prep is not None:
+                prep.close()
             self.store.transition(
                 job.id,
                 S.FAILED,
@@ -459,14 +455,13 @@ class Pod:
                 assigned="",
             )
             return
+        prep.close()
         for note in prep.notes:
             self.store.note(job.id, note)
         new = S.BUILDING if prep.building else S.RUNNING
         self.store.transition(
             job.id, new, f"pid {pid}", expect=[S.STARTING], pid=pid, pid_start=started, started_at=self.clock()
         )
-        if new is S.RUNNING and self.isolation is not None:
-            self._record(job, files.folder, prep.owner)
 
     def _argv(self, job: JobRecord, folder: Path) -> list[str]:
         spec: JobSpec = job.spec
@@ -500,7 +495,9 @@ class Pod:
         return argv
 
     def _env(self, job: JobRecord, devices: tuple[int, ...], port: int) -> dict[str, str]:
-        env = dict(os.environ)
+        """The job's environment variables: the box's (`box_environment`, never the rest of the admin's), the
+        spec's ``[env]``, then the pod's own (devices, rendezvous, the job's id and folder)."""
+        env = box_environment(os.environ)
         env.update(job.spec.env)
         listed = ",".join(map(str, devices))
         env.update({"DESKPOD_JOB_ID": str(job.id), "DESKPOD_JOB_DIR": str(self.job_folder(job)),
@@ -524,7 +521,7 @@ class Pod:
             files = self._files(job)
             pid, started = job.pid, job.pid_start
             if pid is None:
-                pid = sv.read_exit(files.pid_file(job.attempt))  # the shim's own pid file: same format
+                pid = sv.shim_of(files.pid_file(job.attempt), files.exit_file(job.attempt))
                 started = sv.start_time(pid) if pid is not None else None
             if job.state is S.STARTING and pid is not None:
                 new = S.BUILDING if files.phase(job.attempt) in ("building", "build-failed") else S.RUNNING

@@ -65,6 +65,19 @@ RESERVED_ENV = frozenset(
     {"CUDA_VISIBLE_DEVICES", "DESKPOD_CPU_SLOTS", "MASTER_ADDR", "MASTER_PORT", "DESKPOD_JOB_ID", "DESKPOD_JOB_DIR"}
 )
 """Set by the pod service for each job; a spec may not override them."""
+LOADER_ENV = frozenset({"GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+                        "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR"})  # fmt: skip
+"""With every ``LD_*``: the variables that make the C library's loader load other code or files — glibc's own list
+of what it ignores in a set-user-ID program (``sysdeps/generic/unsecvars.h``, less TMPDIR). A job's variables only
+ever reach its own process, after the drop to its account (`deskpod.jobs.shim`); these are refused as well, so
+that no change there can let a user's library into code that runs as root. A job that needs one sets it in its
+command (``command = ["env", "LD_LIBRARY_PATH=/opt/lib", "python", "x.py"]``)."""
+
+
+def loader_variable(name: str) -> bool:
+    """Whether ``name`` is one of the C library loader's variables (`LOADER_ENV`)."""
+    return name.startswith("LD_") or name in LOADER_ENV
+
 
 MAX_DEVICES = 1024
 MAX_PRIORITY = 1000
@@ -267,6 +280,13 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
             raise _bad("env", k, "variable names are letters, digits and '_', not starting with a digit")
         if k in RESERVED_ENV:
             raise _bad("env", k, f"the pod service sets {', '.join(sorted(RESERVED_ENV))} itself")
+        if loader_variable(k):
+            raise _bad(
+                "env",
+                k,
+                "the C library loader's variables (LD_*, GLIBC_TUNABLES, GCONV_PATH, ...) are not accepted in"
+                f' a job spec; set it in the command instead, e.g. command = ["env", "{k}=...", "python", "x.py"]',
+            )
         if not isinstance(v, str) or "\0" in v or len(v) > MAX_ARG_CHARS:
             raise _bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
 
@@ -487,7 +507,10 @@ SPEC_SCHEMA: dict[str, Any] = {
         "env": {
             "type": "object",
             "maxProperties": MAX_ENV,
-            "propertyNames": {"pattern": ENV_NAME_RE.pattern, "not": {"enum": sorted(RESERVED_ENV)}},
+            "propertyNames": {
+                "pattern": ENV_NAME_RE.pattern,
+                "not": {"anyOf": [{"enum": sorted(RESERVED_ENV | LOADER_ENV)}, {"pattern": "^LD_"}]},
+            },
             "additionalProperties": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},
         },
         "workdir": ABS_PATH,

@@ -12,6 +12,7 @@ loop drives the timing (`Supervisor` holds no timers), so a stop survives a daem
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -19,9 +20,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 SHIM = Path(__file__).with_name("shim.py")
+SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+"""The environment of everything that runs before the job step, as root on a root pod (the shim, bubblewrap,
+setpriv): fixed, so that no variable a user or the admin's shell chose acts there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,24 @@ def alive(pid: int, started: int | None) -> bool:
     return now is not None and (started is None or now == started)
 
 
+def shim_of(pid_file: Path, exit_file: Path) -> int | None:
+    """The pid in a job's pid file, only if that process is the daemon's own shim for this attempt (its command
+    line names the shim and ``exit_file``, and it runs as this process's user). The file lies in the job's folder,
+    which its user may write: a pid they put there must never be taken for the job (and signalled)."""
+    pid = read_exit(pid_file)
+    if pid is None or pid <= 0:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    if owner != os.geteuid() or str(SHIM).encode() not in argv or str(exit_file).encode() not in argv:
+        return None
+    return pid
+
+
 def read_exit(path: Path) -> int | None:
     try:
         return int(path.read_text().strip())
@@ -102,42 +124,45 @@ class Supervisor:
         self,
         argv: Sequence[str],
         *,
-        env: Mapping[str, str],
-        cwd: Path,
+        plan: Mapping[str, Any],
         files: Attempt,
         attempt: int,
         options: Sequence[str] = (),
         owner: tuple[int, int] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> tuple[int, int | None]:
         """Start ``argv`` under the shim; returns (pid, start time). Raises OSError if it cannot start.
 
-        ``options`` are the shim's (``--phase``, ``--build``, ``--hold``, ``--as``); ``owner`` (uid, gid)
-        gets the log, which is opened without following a link the job's user may have planted.
+        ``plan`` is the job step's (its environment variables, working directory, build; `deskpod.jobs.shim`): it
+        reaches the shim on its stdin, in a memory file, so no other local user can read it, and only the job
+        step, running as the job's account, applies it. The shim itself starts with `SHIM_ENV` in the job's folder and
+        ``options`` (``--cgroup``, ``--fsize``, ``--as``, ``--sandboxed``); ``pass_fds`` reach the shim (and from
+        it the sandbox). ``owner`` (uid, gid) gets the log, which is opened without following a link the job's
+        user may have planted.
         """
         files.folder.mkdir(parents=True, exist_ok=True)
         for stale in (files.exit_file(attempt), files.pid_file(attempt), files.phase_file(attempt)):
             stale.unlink(missing_ok=True)
-        with open_log(files.log, owner) as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    str(SHIM),
-                    str(files.exit_file(attempt)),
-                    str(files.pid_file(attempt)),
-                    *options,
-                    "--",
-                    *argv,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=str(cwd),
-                env=dict(env),
-                start_new_session=True,
-                close_fds=True,
-            )
+        stdin = os.memfd_create("deskpod-job-plan", os.MFD_CLOEXEC)
+        try:
+            data = json.dumps(dict(plan)).encode()
+            while data:
+                data = data[os.write(stdin, data) :]
+            with open_log(files.log, owner) as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(SHIM), str(files.exit_file(attempt)),
+                     str(files.pid_file(attempt)), *options, "--", *argv],
+                    stdin=stdin,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=files.folder,  # the job's own folder (its user cannot replace it: the folder above is root's)
+                    env=SHIM_ENV,
+                    start_new_session=True,
+                    close_fds=True,
+                    pass_fds=tuple(pass_fds),
+                )  # fmt: skip
+        finally:
+            os.close(stdin)
         self._children[proc.pid] = proc
         return proc.pid, start_time(proc.pid, zombies=True)  # unreaped child: its pid cannot be reused yet
 

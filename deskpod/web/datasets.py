@@ -12,20 +12,28 @@ no samples to show.
 Everything is cached in the cache dict the caller passes (the dashboard's ``web.cache["datasets"]``):
 a summary until the files it came from change (the label files' mtimes; an image folder's and its
 class folders' mtimes), a PNG for the life of the cache.
+
+On a root pod the dashboard reads as root, but shows a user only what their jobs could read: an image folder
+is scanned, and its sample images opened, with the signed-in user's own rights (``account``:
+`deskpod.envs.accounts.as_account`), so a class folder that is a link into someone else's private photos
+shows nothing of them; the images are decoded afterwards, from the bytes the user could read. Cache entries of
+an image folder are the account's own.
 """
 
 from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from deskpod.envs.accounts import Account, as_account
 from deskpod.errors import DataError, NotFoundError
 
+T = TypeVar("T")
 SAMPLES_PER_CLASS = 8
 SAMPLE_CLASSES = 24
 """Classes that get a strip of samples (the first ones); a 1000-class folder still lists every count."""
@@ -118,8 +126,19 @@ def _remember(cache: dict[Any, Any], key: Any, value: Any) -> Any:
     return value
 
 
-def explore(data: str, cache: dict[Any, Any], fashion_root: Path) -> dict[str, Any]:
-    """What ``data`` holds, or `DataError` with the trainer's message (a missing folder, one class, no images...)."""
+def _as(account: Account | None, fn: Callable[[], T]) -> T:
+    """``fn()`` with ``account``'s file-system rights (None: the dashboard's own)."""
+    return fn() if account is None else as_account(account, fn)
+
+
+def _reader(kind: str, account: Account | None) -> int | None:
+    """Whose rights an explore of this kind reads with, for the cache keys: an image folder is the account's."""
+    return account.uid if account is not None and kind == "imagefolder" else None
+
+
+def explore(data: str, cache: dict[Any, Any], fashion_root: Path, account: Account | None = None) -> dict[str, Any]:
+    """What ``data`` holds, or `DataError` with the trainer's message (a missing folder, one class, no images...).
+    An image folder is read with ``account``'s rights when given (see the module docstring)."""
     from deskpod.train.data import describe
 
     text = normalize(data)
@@ -129,19 +148,21 @@ def explore(data: str, cache: dict[Any, Any], fashion_root: Path) -> dict[str, A
         )
     kind, _, arg = text.partition(":")
     stamp: tuple[int, ...] = ()
+    reader = account if kind == "imagefolder" else None
     if kind == "fashion-mnist":
         stamp = _stamp([fashion_root / "train-labels-idx1-ubyte.gz", fashion_root / "t10k-labels-idx1-ubyte.gz"])
     elif kind == "imagefolder":
-        stamp = _folder_stamp(Path(arg))
-    key = ("explore", text, str(fashion_root), stamp)
+        stamp = _as(reader, lambda: _folder_stamp(Path(arg)))
+    key = ("explore", text, str(fashion_root), stamp, _reader(kind, account))
     hit = cache.get(key)
     if hit is not None:
         return hit  # type: ignore[no-any-return]
-    with _lock(("explore", text)):
+    with _lock(("explore", text, _reader(kind, account))):
         hit = cache.get(key)
         if hit is not None:
             return hit  # type: ignore[no-any-return]
-        spec = describe(_request(text), fashion_root)
+        request = _request(text)
+        spec = _as(reader, lambda: describe(request, fashion_root))
         out: dict[str, Any] = {
             "data": text,
             "name": spec.name,
@@ -159,7 +180,8 @@ def explore(data: str, cache: dict[Any, Any], fashion_root: Path) -> dict[str, A
             out["classes"] = _fashion_counts(spec.class_names, fashion_root)
             out["note"] = "validation is the 10,000-image test set; training flips images left-right at random"
         elif kind == "imagefolder":
-            out["classes"], out["note"] = _folder_counts(Path(arg), spec.class_names)
+            names = spec.class_names
+            out["classes"], out["note"] = _as(reader, lambda: _folder_counts(Path(arg), names))
         else:
             out["note"] = (
                 f"random images with random labels among {spec.num_classes} classes, made once per run on each "
@@ -220,12 +242,13 @@ def _cell_gray(img: np.ndarray) -> np.ndarray:
     return np.asarray(big.convert("RGBA"))
 
 
-def _thumbnail(path: str) -> np.ndarray | None:
-    """A square RGBA cell of the image, letterboxed on transparency; None when it does not decode."""
+def _thumbnail(data: bytes) -> np.ndarray | None:
+    """A square RGBA cell of the image (its file's bytes), letterboxed on transparency; None when it does not
+    decode."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as opened:
+        with Image.open(io.BytesIO(data)) as opened:
             opened.draft("RGB", (FOLDER_CELL, FOLDER_CELL))  # JPEG: decode at a fraction of the size
             im = opened.convert("RGB")
         im.thumbnail((FOLDER_CELL, FOLDER_CELL))
@@ -236,18 +259,38 @@ def _thumbnail(path: str) -> np.ndarray | None:
     return np.asarray(cell)
 
 
-def _folder_samples(root: Path) -> list[list[np.ndarray]]:
+MAX_SAMPLE_BYTES = 32 << 20
+"""A file bigger than this is not read for a thumbnail (a strip shows a few small images)."""
+
+
+def _sample_files(root: Path) -> list[list[bytes]]:
+    """The first files of each shown class, read (as whoever calls this: see `_folder_samples`)."""
     from deskpod.train.data import folder_roots, scan_classes
 
     classes, files = scan_classes(folder_roots(root)[0])
     by_class: list[list[str]] = [[] for _ in classes]
     for path, c in files:
         by_class[c].append(path)
-    out: list[list[np.ndarray]] = []
+    out: list[list[bytes]] = []
     for paths in by_class[:SAMPLE_CLASSES]:
-        cells: list[np.ndarray] = []
+        read: list[bytes] = []
         for p in paths[: SAMPLES_PER_CLASS * 2]:  # a few bad files do not empty the strip
-            cell = _thumbnail(p)
+            try:
+                with open(p, "rb") as f:
+                    read.append(f.read(MAX_SAMPLE_BYTES))
+            except OSError:
+                continue
+        out.append(read)
+    return out
+
+
+def _folder_samples(root: Path, account: Account | None) -> list[list[np.ndarray]]:
+    """Each shown class's sample cells: the files read with ``account``'s rights, decoded here."""
+    out: list[list[np.ndarray]] = []
+    for datas in _as(account, lambda: _sample_files(root)):
+        cells: list[np.ndarray] = []
+        for data in datas:
+            cell = _thumbnail(data)
             if cell is not None:
                 cells.append(cell)
             if len(cells) == SAMPLES_PER_CLASS:
@@ -265,33 +308,39 @@ def _strip(cells: Sequence[np.ndarray], cell: int) -> np.ndarray:
     return row
 
 
-def samples(data: str, cache: dict[Any, Any], fashion_root: Path) -> tuple[list[list[np.ndarray]], int]:
+def samples(
+    data: str, cache: dict[Any, Any], fashion_root: Path, account: Account | None = None
+) -> tuple[list[list[np.ndarray]], int]:
     """The sample cells of each class (the first `SAMPLE_CLASSES` classes) and the cell size."""
-    summary = explore(data, cache, fashion_root)  # bad data fails here, with the trainer's message
+    summary = explore(data, cache, fashion_root, account)  # bad data fails here, with the trainer's message
     if not summary["samples"]:
         raise NotFoundError(f"{summary['name']} is random data made per run: it has no sample images to show")
-    key = ("samples", summary["data"], str(fashion_root), summary["train_size"])
+    reader = _reader(summary["kind"], account)
+    key = ("samples", summary["data"], str(fashion_root), summary["train_size"], reader)
     hit = cache.get(key)
     if hit is None:
-        with _lock(("samples", summary["data"])):
+        with _lock(("samples", summary["data"], reader)):
             hit = cache.get(key)
             if hit is None:
                 if summary["kind"] == "fashion-mnist":
                     hit = (_fashion_samples(fashion_root), FASHION_CELL)
                 else:
-                    hit = (_folder_samples(Path(summary["data"].partition(":")[2])), FOLDER_CELL)
+                    root = Path(summary["data"].partition(":")[2])
+                    hit = (_folder_samples(root, account), FOLDER_CELL)
                 _remember(cache, key, hit)
     return hit  # type: ignore[no-any-return]
 
 
-def samples_png(data: str, cls: int | None, cache: dict[Any, Any], fashion_root: Path) -> bytes:
+def samples_png(
+    data: str, cls: int | None, cache: dict[Any, Any], fashion_root: Path, account: Account | None = None
+) -> bytes:
     """A PNG strip of the first images of class ``cls``, or every shown class's strip stacked (``cls`` None)."""
-    summary = explore(data, cache, fashion_root)
-    key = ("png", summary["data"], str(fashion_root), summary["train_size"], cls)
+    summary = explore(data, cache, fashion_root, account)
+    key = ("png", summary["data"], str(fashion_root), summary["train_size"], cls, _reader(summary["kind"], account))
     hit = cache.get(key)
     if hit is not None:
         return hit  # type: ignore[no-any-return]
-    per_class, cell = samples(data, cache, fashion_root)
+    per_class, cell = samples(data, cache, fashion_root, account)
     if cls is not None and not 0 <= cls < len(per_class):
         shown = min(summary["num_classes"], SAMPLE_CLASSES)
         raise NotFoundError(f"class {cls} has no samples to show; {summary['name']} shows classes 0-{shown - 1}")

@@ -26,19 +26,21 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from deskpod.envs.accounts import may_read
+from deskpod.envs.accounts import Account
 from deskpod.errors import ConfigError, DataError, DeskpodError, UsageError
 from deskpod.web import datasets, networks, render
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+
+T = TypeVar("T")
 
 Signed = Annotated[Viewer, Depends(viewer)]
 
@@ -344,24 +346,28 @@ def _cache(web: Any, name: str) -> dict[Any, Any]:
     return web.cache.setdefault(name, {})  # type: ignore[no-any-return]
 
 
-def check_reach(web: Any, who: Viewer, data: str) -> None:
-    """An image folder the signed-in user's jobs could not read is not shown to them either: a root pod runs each
-    job as its user's OS account, while the dashboard reads as the daemon (`DataError` naming the account)."""
+def reader(web: Any, who: Viewer) -> Account | None:
+    """Whose rights the signed-in user's image folders are read with: on a root pod, their OS account (the one
+    their jobs run as), so the dashboard shows them what their jobs could read and nothing more; else the
+    dashboard's own."""
     accounts = web.pod.accounts
-    if accounts is None or not accounts.root or datasets.kind_of(data) != "imagefolder":
-        return
-    root = Path(datasets.normalize(data).partition(":")[2])
-    account = accounts.account_for(who.user)
-    if not may_read(account, root):
+    return accounts.account_for(who.user) if accounts is not None and accounts.root else None
+
+
+def _reading(data: str, account: Account | None, read: Callable[[], T]) -> T:
+    try:
+        return read()
+    except OSError as e:  # a folder (or a class folder in it) the account may not read
+        who = f"your OS account {account.name!r}" if account is not None else "the pod service"
         raise DataError(
-            f"imagefolder {str(root)!r}: your OS account {account.name!r} cannot read this folder, so your jobs "
-            "could not either; give a folder it may read"
-        )
+            f"{datasets.normalize(data)}: {who} cannot read this folder ({e.filename or 'it'}: {e.strerror}), so "
+            "your jobs could not either; give a folder it may read"
+        ) from None
 
 
 def explore(web: Any, who: Viewer, data: str) -> dict[str, Any]:
-    check_reach(web, who, data)
-    return datasets.explore(data, _cache(web, "datasets"), _fashion_root())
+    account = reader(web, who)
+    return _reading(data, account, lambda: datasets.explore(data, _cache(web, "datasets"), _fashion_root(), account))
 
 
 def network(web: Any, model: str, summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -530,6 +536,8 @@ def register(app: FastAPI, web: Any) -> None:
         data: Annotated[str, Query(max_length=MAX_VALUE)],
         cls: Annotated[int | None, Query(alias="class", ge=0, le=1_000_000)] = None,
     ) -> Response:
-        check_reach(web, who, data)
-        png = datasets.samples_png(data, cls, _cache(web, "datasets"), _fashion_root())
+        account = reader(web, who)
+        png = _reading(
+            data, account, lambda: datasets.samples_png(data, cls, _cache(web, "datasets"), _fashion_root(), account)
+        )
         return Response(png, media_type="image/png", headers={"Cache-Control": "private, max-age=300"})

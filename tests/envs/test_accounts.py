@@ -20,7 +20,6 @@ from deskpod.envs.accounts import (
     as_account_argv,
     current_account,
     drop_privileges,
-    may_read,
     popen_credentials,
 )
 from deskpod.envs.userfiles import prepare_owned_dir, write_no_follow
@@ -182,34 +181,6 @@ def test_write_no_follow_refuses_a_symlinked_folder(tmp_path: Path) -> None:
     with pytest.raises(RunError, match=r"symbolic link"):
         write_no_follow(tmp_path / "job" / "spec.json", b"x")
     assert list(elsewhere.iterdir()) == []
-
-
-def test_may_read_agrees_with_the_kernel(two_users: tuple[Account, Account]) -> None:
-    alice, bob = two_users
-    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp folders are root's alone
-    try:
-        os.chmod(base, 0o755)
-        cases = {"open": (0o755, 0, 0), "alices": (0o700, alice.uid, alice.gid), "group": (0o750, 0, bob.gid),
-                 "closed": (0o700, 0, 0), "listonly": (0o711, 0, 0)}  # fmt: skip
-        for name, (mode, uid, gid) in cases.items():
-            d = base / name
-            (d / "inner").mkdir(parents=True)
-            (d / "inner" / "file").write_text("x")
-            os.chmod(d / "inner", 0o755)
-            os.chown(d, uid, gid)
-            os.chmod(d, mode)
-        paths = [p for name in cases for p in (base / name, base / name / "inner", base / name / "inner" / "file")]
-        for account in (alice, bob):
-            for path in paths:
-                test = f"test -r '{path}'" + (f" && test -x '{path}'" if path.is_dir() else "")
-                kernel = subprocess.run(["/bin/sh", "-c", test], **popen_credentials(account)).returncode == 0
-                assert may_read(account, path) == kernel, (account.name, path, kernel)
-        assert may_read(alice, base / "alices") and not may_read(bob, base / "alices")
-        assert may_read(bob, base / "group") and not may_read(alice, base / "group")
-        assert not may_read(alice, base / "listonly") and may_read(alice, base / "listonly" / "inner")
-        assert may_read(current_account(), base / "closed")  # root reads anything
-    finally:
-        shutil.rmtree(base)
 
 
 def test_as_account_opens_paths_with_the_accounts_rights_only(two_users: tuple[Account, Account]) -> None:

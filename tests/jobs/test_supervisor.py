@@ -12,7 +12,8 @@ from deskpod.jobs.supervisor import Attempt, Supervisor, alive, signal_group, st
 def test_a_reused_pid_is_not_the_job(tmp_path: Path) -> None:
     sup = Supervisor()
     files = Attempt(tmp_path / "job")
-    pid, started = sup.spawn(["sleep", "30"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, files=files, attempt=1)
+    plan = {"env": {"PATH": "/usr/bin:/bin"}, "cwd": str(tmp_path)}
+    pid, started = sup.spawn(["sleep", "30"], plan=plan, files=files, attempt=1)
     try:
         assert started is not None and alive(pid, started)
         assert not alive(pid, started + 1)  # the same pid with another start time: some other process
@@ -34,7 +35,8 @@ def test_the_shim_records_exit_codes(tmp_path: Path) -> None:
     sup = Supervisor()
     files = Attempt(tmp_path / "job")
     for attempt, argv, want in ((1, ["sh", "-c", "exit 7"], 7), (2, ["no-such-program-here"], 127)):
-        pid, started = sup.spawn(argv, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, files=files, attempt=attempt)
+        plan = {"env": {"PATH": "/usr/bin:/bin"}, "cwd": str(tmp_path)}
+        pid, started = sup.spawn(argv, plan=plan, files=files, attempt=attempt)
         for _ in range(300):
             done, code = sup.finished(pid, started, files.exit_file(attempt))
             if done:

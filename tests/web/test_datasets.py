@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +157,46 @@ def test_relative_folders_and_missing_fashion_mnist(tmp_path: Path) -> None:
         explore("imagefolder:photos", {}, FASHION_MNIST_DIR)
     with pytest.raises(DataError, match="Fashion-MNIST not found"):
         explore("fashion-mnist", {}, tmp_path)
+
+
+def test_a_class_folder_linked_into_another_users_private_photos_shows_nothing_of_them() -> None:
+    """The attack of issue 30 (item 6): alice's image folder has a class folder that is a symbolic link into
+    bob's private photos (his home is 0700). Read with alice's rights, the dashboard neither counts nor draws
+    bob's images, and what it cached for bob is not served to alice."""
+    from tests.unix_users import make_users
+
+    base = Path(tempfile.mkdtemp(prefix="deskpod-ds-"))  # pytest's own folder is closed to other accounts
+    try:
+        base.chmod(0o755)
+        with make_users("alice", "bob") as (alice, bob):
+            bob_home = base / "bob"
+            _folder(bob_home / "photos", {"cat": 3, "dog": 3})
+            for p in [bob_home, *bob_home.rglob("*")]:
+                os.chown(p, bob.uid, bob.gid)
+            bob_home.chmod(0o700)  # the photos inside are 0644: only the closed home keeps others out
+            mine = _folder(base / "alice" / "set", {"emu": 3})
+            (mine / "cat").symlink_to(bob_home / "photos" / "cat")
+            (mine / "dog").symlink_to(bob_home / "photos" / "dog")
+            for p in [base / "alice", *(base / "alice").rglob("*")]:
+                os.lchown(p, alice.uid, alice.gid)
+            cache: dict[Any, Any] = {}
+            theirs = explore(f"imagefolder:{bob_home / 'photos'}", cache, FASHION_MNIST_DIR, account=bob)
+            assert [c["images"] for c in theirs["classes"]] == [3, 3]
+            with pytest.raises(PermissionError):  # as alice, bob's folder is closed (what was cached is bob's)
+                explore(f"imagefolder:{bob_home / 'photos'}", cache, FASHION_MNIST_DIR, account=alice)
+            for attempt in (
+                lambda: explore(f"imagefolder:{mine}", cache, FASHION_MNIST_DIR, account=alice),
+                lambda: samples_png(f"imagefolder:{mine}", None, cache, FASHION_MNIST_DIR, account=alice),
+            ):
+                with pytest.raises(PermissionError) as refused:  # as her jobs would fail on it, she is told
+                    attempt()
+                assert str(refused.value.filename) in (str(mine / "cat"), str(mine / "dog"))  # the links
+            (mine / "cat").unlink()
+            (mine / "dog").unlink()
+            _folder(mine, {"dog": 2})
+            os.lchown(mine / "dog", alice.uid, alice.gid)
+            strip = _png(samples_png(f"imagefolder:{mine}", None, cache, FASHION_MNIST_DIR, account=alice))
+            colours = {tuple(px[:3]) for px in strip.reshape(-1, 4) if px[3]}
+            assert COLOURS["dog"] in colours and COLOURS["emu"] in colours and COLOURS["cat"] not in colours
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
