@@ -97,15 +97,27 @@ def check_owned(st: os.stat_result, shown: str, owner: int | None) -> None:
     raise RefusedFile(shown, f"belongs to uid {st.st_uid}, not to the folder's account (uid {owner})")
 
 
-def open_beneath(folder: Path | str, rel: str | PurePosixPath, *, owner: int | None = None,
+Folder = Path | str | int
+"""A folder by its path (itself not a link; the folders above it are trusted) or by an open descriptor."""
+
+
+def _start(folder: Folder) -> int:
+    return os.dup(folder) if isinstance(folder, int) else _open_dir(str(folder), None, str(folder))
+
+
+def _shown(folder: Folder, parts: list[str]) -> str:
+    return "/".join(parts) if isinstance(folder, int) else str(Path(folder, *parts))
+
+
+def open_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | None = None,
                  directory: bool = False) -> int:  # fmt: skip
     """A read-only descriptor of ``folder/rel``: no symbolic link followed on the way (``folder`` itself
     included), never blocking on what is there, and a regular file (a folder with ``directory``) owned by
     ``owner`` or by this process (single-linked). `RefusedFile` when it is anything else; `FileNotFoundError` and
     friends as ``open`` raises them. The caller closes the descriptor."""
     parts = _parts(rel)
-    shown = str(Path(folder, *parts))
-    fd = _open_dir(str(folder), None, str(folder))
+    shown = _shown(folder, parts)
+    fd = _start(folder)
     try:
         for part in parts[:-1] if parts else []:
             nxt = _open_dir(part, fd, shown)
@@ -142,14 +154,14 @@ def open_beneath(folder: Path | str, rel: str | PurePosixPath, *, owner: int | N
 
 
 @contextlib.contextmanager
-def open_file_beneath(folder: Path | str, rel: str | PurePosixPath, *, owner: int | None = None) -> Iterator[IO[bytes]]:
+def open_file_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | None = None) -> Iterator[IO[bytes]]:
     """`open_beneath` as a binary file object for a ``with`` block."""
     fd = open_beneath(folder, rel, owner=owner)
     with os.fdopen(fd, "rb") as f:
         yield f
 
 
-def read_beneath(folder: Path | str, rel: str | PurePosixPath, *, owner: int | None = None,
+def read_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | None = None,
                  limit: int | None = None, offset: int = 0) -> bytes:  # fmt: skip
     """The bytes of ``folder/rel`` (from ``offset``, at most ``limit``), opened as `open_beneath` does."""
     fd = open_beneath(folder, rel, owner=owner)
@@ -165,16 +177,16 @@ def read_beneath(folder: Path | str, rel: str | PurePosixPath, *, owner: int | N
         os.close(fd)
 
 
-def stat_beneath(folder: Path | str, rel: str | PurePosixPath) -> os.stat_result:
+def stat_beneath(folder: Folder, rel: str | PurePosixPath) -> os.stat_result:
     """``lstat`` of ``folder/rel`` with no link followed on the way to it (the last component is not followed
     either: a link answers as a link)."""
     parts = _parts(rel)
     if not parts:
-        return os.lstat(folder)
-    fd = _open_dir(str(folder), None, str(folder))
+        return os.fstat(folder) if isinstance(folder, int) else os.lstat(folder)
+    fd = _start(folder)
     try:
         for part in parts[:-1]:
-            nxt = _open_dir(part, fd, str(Path(folder, *parts)))
+            nxt = _open_dir(part, fd, _shown(folder, parts))
             os.close(fd)
             fd = nxt
         return os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
@@ -182,7 +194,7 @@ def stat_beneath(folder: Path | str, rel: str | PurePosixPath) -> os.stat_result
         os.close(fd)
 
 
-def scandir_beneath(folder: Path | str, rel: str | PurePosixPath = ".", *,
+def scandir_beneath(folder: Folder, rel: str | PurePosixPath = ".", *,
                     owner: int | None = None) -> list[os.DirEntry[str]]:  # fmt: skip
     """The entries of the folder ``folder/rel`` (opened as `open_beneath` does), sorted by name. Each entry's
     ``is_file``/``is_dir`` must be asked with ``follow_symlinks=False``."""

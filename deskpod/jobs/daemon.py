@@ -136,6 +136,7 @@ def _isolation(config: PodConfig, env: Environment, store: Any) -> Any:
         sandbox=sandbox,
         hidden=tuple(hidden),
         dev_dir=env.dev_dir,
+        jobs_root=config.home / "jobs",
     )
 
 

@@ -29,7 +29,7 @@ import threading
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from deskpod.envs import images
@@ -38,13 +38,13 @@ from deskpod.envs.cache import EnvCache
 from deskpod.envs.definition import EnvDefinition
 from deskpod.envs.python import resolve_python
 from deskpod.envs.sandbox import Walls, gpu_device_nodes, sandbox_argv
-from deskpod.envs.userfiles import prepare_owned_dir, write_no_follow
+from deskpod.envs.userfiles import open_beneath, prepare_owned_dir, scandir_beneath, write_no_follow
 from deskpod.errors import ConflictError
 from deskpod.jobs.identity import Accounts
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.store import User
 from deskpod.jobs.supervisor import SHIM
-from deskpod.train.runs import has_checkpoint
+from deskpod.train.runs import checkpoint_step
 
 SANDBOX_TMPFS = (Path("/tmp"), Path("/dev/shm"))
 """Folders every sandbox gets empty and private: an interpreter or a deskpod installed under them is shown again."""
@@ -108,6 +108,8 @@ class Isolation:
     """Where the GPUs' device nodes are."""
     readable: tuple[Path, ...] = field(default_factory=lambda: interpreter_paths())
     """What every job must be able to read: the daemon's Python (train and serve jobs run it)."""
+    jobs_root: Path | None = None
+    """The pod's job folders (``<home>/jobs``): a run there is served to the user whose job made it."""
 
     def check(self, spec: JobSpec, user: User | None = None) -> None:
         """Refuse at submission what can be known to fail: an interpreter or container runtime this box lacks, a
@@ -123,7 +125,12 @@ class Isolation:
             os.close(open_as(who, Path(spec.workdir), _WORKDIR))
         if spec.serve is not None:
             run = Path(spec.serve["run"])
-            if not as_account(who, lambda: has_checkpoint(run)):
+            fd = self.open_run(who, run)
+            try:
+                ready = _has_checkpoint(fd)
+            finally:
+                os.close(fd)
+            if not ready:
                 raise ConflictError(
                     f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)"
                 )
@@ -134,6 +141,31 @@ class Isolation:
             return None
         account = self.accounts.account_for(user)
         return None if account.uid == self.accounts.daemon.uid else account
+
+    def open_run(self, account: Account, run: Path) -> int:
+        """A descriptor of a training run to serve, opened as ``account`` may: a run in one of the pod's own job
+        folders is reached through the pod, not the filesystem (the pod's home may be closed to its users), so it
+        is the account's when its job folder is (or the account is the daemon's); it is opened from there with no
+        link followed. Any other folder is opened with the account's own rights (`open_as`). `ConflictError`, the
+        same for a missing run and one that is not the account's."""
+        refused = ConflictError(_SERVE_RUN.format(path=str(run)))
+        rel = _inside(Path(os.path.normpath(run)), self.jobs_root) if self.jobs_root is not None else None
+        if rel is None:
+            return open_as(account, run, _SERVE_RUN)
+        assert self.jobs_root is not None
+        try:
+            folder = open_beneath(self.jobs_root, rel.parts[0], directory=True)
+        except OSError:
+            raise refused from None
+        try:
+            owner = os.fstat(folder).st_uid
+            if owner != account.uid and account.uid != self._daemon().uid:
+                raise refused
+            return open_beneath(folder, PurePosixPath(*rel.parts[1:]), owner=owner, directory=True)
+        except OSError:
+            raise refused from None
+        finally:
+            os.close(folder)
 
     def _daemon(self) -> Account:
         return self.accounts.daemon if self.accounts is not None else current_account()
@@ -192,7 +224,7 @@ class Isolation:
             binds.append((fd, real, True))
             plan["cwd"] = str(real)
         if spec.serve is not None:
-            fd = open_as(who, Path(spec.serve["run"]), _SERVE_RUN)
+            fd = self.open_run(who, Path(spec.serve["run"]))
             fds.append(fd)
             binds.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
         building = False
@@ -296,6 +328,24 @@ requirements or lock it came from."""
 
 _WORKDIR = "job spec: workdir {path!r} is not a folder you can open on this box"
 _SERVE_RUN = "job spec: serve.run {path!r} is not a run folder you can open on this box"
+
+
+def _inside(path: Path, top: Path) -> Path | None:
+    """``path`` relative to ``top`` when it lies in a folder under it, else None."""
+    try:
+        rel = path.relative_to(top)
+    except ValueError:
+        return None
+    return rel if rel.parts and ".." not in rel.parts else None
+
+
+def _has_checkpoint(run: int) -> bool:
+    """Whether the run opened at descriptor ``run`` has a checkpoint (no link followed on the way)."""
+    try:
+        names = [e.name for e in scandir_beneath(run, "checkpoints") if e.is_file(follow_symlinks=False)]
+    except OSError:
+        return False
+    return any(checkpoint_step(Path(n)) is not None for n in names)
 
 
 def open_as(account: Account, path: Path, message: str) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from deskpod.envs.accounts import Account, drop_privileges
-from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError
+from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError, NotFoundError
 from deskpod.jobs.client import PodClient
 from tests.jobs.pods import Pod, Pods, wait_for, wait_state
 from tests.unix_users import make_users
@@ -53,9 +53,9 @@ def as_user(account: Account, fn: Callable[[], Any]) -> Any:
     os.waitpid(pid, 0)
     got = json.loads(data)
     if "error" in got:
-        raise {"AccessError": AccessError, "ConfigError": ConfigError, "AuthError": AuthError}.get(
-            got["error"], RuntimeError
-        )(got["message"])
+        known = {"AccessError": AccessError, "ConfigError": ConfigError, "AuthError": AuthError,
+                 "ConflictError": ConflictError, "NotFoundError": NotFoundError}  # fmt: skip
+        raise known.get(got["error"], RuntimeError)(got["message"])
     return got["ok"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deskpod.errors import ConfigError
-from deskpod.jobs.spec import load_spec_file, parse_spec
+from deskpod.jobs.spec import SPEC_SCHEMA, load_spec_file, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, TRANSITIONS, JobState, TransitionError, check
 
 
@@ -73,6 +73,11 @@ BAD = [
     ({"command": ["x"], "env": {"A": 1}}, "env.A"),
     ({"command": ["x"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "sets"),
     ({"command": ["x"], "env": ["A=1"]}, "env"),
+    ({"command": ["x"], "env": {"LD_PRELOAD": "/home/a/evil.so"}}, "'LD_PRELOAD' is not valid; the C library loader"),
+    ({"command": ["x"], "env": {"LD_LIBRARY_PATH": "/home/a"}}, 'command = ["env", "LD_LIBRARY_PATH=...", "python"'),
+    ({"command": ["x"], "env": {"LD_AUDIT": "/a.so"}}, "loader"),
+    ({"command": ["x"], "env": {"GLIBC_TUNABLES": "glibc.x=1"}}, "loader"),
+    ({"command": ["x"], "env": {"GCONV_PATH": "/home/a"}}, "loader"),
     ({"command": ["x"], "workdir": "relative/dir"}, "workdir"),
     ({"train": "mlp"}, "train"),
     ({"train": {}, "serve": {"run": "/r"}}, "got train and serve"),
@@ -156,3 +161,13 @@ def test_nodes_and_the_slurm_table() -> None:
 def test_bad_cluster_fields_are_named(data: dict[str, object], says: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(says)):
         parse_spec({"command": ["x"], **data})
+
+
+def test_the_schema_refuses_the_loaders_variables_too() -> None:
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")  # what schemathesis validates with
+    names = SPEC_SCHEMA["properties"]["env"]["propertyNames"]
+    for bad in ("LD_PRELOAD", "LD_ANYTHING", "GLIBC_TUNABLES", "CUDA_VISIBLE_DEVICES"):
+        assert not jsonschema_rs.is_valid(names, bad), bad
+    for good in ("SEED", "PYTHONPATH", "OLD_PRELOAD", "ld_preload"):
+        assert jsonschema_rs.is_valid(names, good), good
+        parse_spec({"command": ["x"], "env": {good: "1"}})
