@@ -8,6 +8,7 @@ checking their pid and start time in the daemon's store.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import sqlite3
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deskpod.envs.accounts import Account, drop_privileges
+from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError, NotFoundError
 from deskpod.jobs.client import PodClient
 
 
@@ -178,3 +181,46 @@ def wait_state(client: PodClient, job_id: str, *states: str, timeout: float = 30
     got = wait_for(check, timeout, f"job {job_id} to reach {states}")
     assert isinstance(got, dict)
     return got
+
+
+def as_user(account: Account, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a child process that has become ``account`` (its return value comes back as JSON).
+
+    Everything ``fn`` needs is imported before the fork: the child may not be able to read this
+    interpreter's files once it is the account.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        try:
+            drop_privileges(account)
+            out: Any = {"ok": fn()}
+        except Exception as e:
+            out = {"error": type(e).__name__, "message": str(e)}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    got = json.loads(data)
+    if "error" in got:
+        known = {"AccessError": AccessError, "ConfigError": ConfigError, "AuthError": AuthError,
+                 "ConflictError": ConflictError, "NotFoundError": NotFoundError}  # fmt: skip
+        raise known.get(got["error"], RuntimeError)(got["message"])
+    return got["ok"]
+
+
+def socket_of(pod: Pod) -> Path:
+    return Path(json.loads((pod.home / "daemon.json").read_text())["socket"])
+
+
+def on_socket(pod: Pod, call: Callable[[PodClient], Any]) -> Callable[[], Any]:
+    path = socket_of(pod)
+
+    def run() -> Any:
+        with PodClient.over_socket(path) as c:
+            return call(c)
+
+    return run

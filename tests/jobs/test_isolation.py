@@ -15,62 +15,18 @@ import shutil
 import sys
 import tempfile
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from deskpod.envs.accounts import Account, drop_privileges
-from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError, NotFoundError
-from deskpod.jobs.client import PodClient
-from tests.jobs.pods import Pod, Pods, wait_for, wait_state
+from deskpod.envs.accounts import Account
+from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError
+from tests.jobs.pods import Pod, Pods, as_user, on_socket, wait_for, wait_state
 from tests.unix_users import make_users
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as other users only on a pod started by root")
-
-
-def as_user(account: Account, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` in a child process that has become ``account`` (its return value comes back as JSON).
-
-    Everything ``fn`` needs is imported before the fork: the child may not be able to read this
-    interpreter's files once it is the account.
-    """
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(r)
-        try:
-            drop_privileges(account)
-            out: Any = {"ok": fn()}
-        except Exception as e:
-            out = {"error": type(e).__name__, "message": str(e)}
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(pid, 0)
-    got = json.loads(data)
-    if "error" in got:
-        known = {"AccessError": AccessError, "ConfigError": ConfigError, "AuthError": AuthError,
-                 "ConflictError": ConflictError, "NotFoundError": NotFoundError}  # fmt: skip
-        raise known.get(got["error"], RuntimeError)(got["message"])
-    return got["ok"]
-
-
-def socket_of(pod: Pod) -> Path:
-    return Path(json.loads((pod.home / "daemon.json").read_text())["socket"])
-
-
-def on_socket(pod: Pod, call: Callable[[PodClient], Any]) -> Callable[[], Any]:
-    path = socket_of(pod)
-
-    def run() -> Any:
-        with PodClient.over_socket(path) as c:
-            return call(c)
-
-    return run
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,7 @@ import pytest
 
 from deskpod.envs.accounts import Account
 from deskpod.errors import ConfigError, ConflictError
-from tests.jobs.pods import Pod, Pods, wait_for, wait_state
-from tests.jobs.test_isolation import as_user, on_socket
+from tests.jobs.pods import Pod, Pods, as_user, on_socket, wait_for, wait_state
 from tests.unix_users import make_users
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as other users only on a pod started by root")
