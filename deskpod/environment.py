@@ -23,7 +23,8 @@ class Environment:
     fashion_mnist_dir: Path
     """``DESKPOD_FASHION_MNIST``: folder of the Fashion-MNIST IDX files (default: where Debian's package puts them)."""
     cpu_slots: tuple[int, ...] | None = None
-    """``DESKPOD_CPU_SLOTS``: the CPU worker slots the pod service gave this job (comma list); None when unset."""
+    """``DESKPOD_CPU_SLOTS``: the CPU worker slots the pod service gave this job (comma list); None when unset.
+    In a job pinned to its slots' cores (`deskpod.envs.cgroups`) they are numbered from 0 among its own."""
     pod_url: str | None = None
     """``DESKPOD_URL``: where the pod service listens (default: what ``<home>/daemon.json`` says)."""
     token_file: Path | None = None

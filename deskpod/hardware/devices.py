@@ -153,7 +153,7 @@ def discover_gpus(query: GpuQuery | None, env: Environment) -> tuple[Device, ...
 def cpu_slots(env: Environment, count: int | None = None) -> tuple[Device, ...]:
     """CPU worker slots: one per core and at least two, unless ``count`` says otherwise."""
     n = count if count is not None else max(2, env.cpu_count)
-    memory = _host_memory_bytes()
+    memory = host_memory_bytes()
     return tuple(Device("cpu", i, "cpu", memory // n, threads=max(1, env.cpu_count // n)) for i in range(n))
 
 
@@ -189,7 +189,8 @@ def cpu_layout(inv: Inventory, numa: Sequence[Sequence[int]], *, pin: bool = Tru
     return CpuLayout(devices, tuple(nodes[:workers]) if pinned else (), reason)
 
 
-def _host_memory_bytes() -> int:
+def host_memory_bytes() -> int:
+    """The box's memory (``MemTotal`` of ``/proc/meminfo``) in bytes; 0 when unknown."""
     with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemTotal:"):
@@ -208,11 +209,15 @@ def discover(env: Environment | None = None, *, query: GpuQuery | None = None, u
     slots = cpu_slots(env)
     if env.cpu_slots is not None:
         # The pod service gave this job some of the box's CPU slots (DESKPOD_CPU_SLOTS): only those are
-        # ours, with the cores they stand for.
+        # ours, with the cores they stand for. A pod that pins its jobs (a cpuset: this process's affinity is
+        # the job's cores) numbers them from 0 among the job's own, as CUDA numbers a sandboxed job's GPUs:
+        # the affinity then holds as many slots as the job has, one core each.
         bad = [i for i in env.cpu_slots if not 0 <= i < len(slots)]
         if bad or not env.cpu_slots:
             raise DeviceError(
-                f"DESKPOD_CPU_SLOTS names slot {bad[0] if bad else 'none'}; this machine has slots 0-{len(slots) - 1}"
+                f"DESKPOD_CPU_SLOTS names slot {bad[0] if bad else 'none'}; this process may run on "
+                f"{env.cpu_count} core{'s' if env.cpu_count != 1 else ''}, slots 0-{len(slots) - 1} (in a job pinned "
+                "to its cores the slots are numbered from 0)"
             )
         mine = [slots[i] for i in env.cpu_slots]
         cores = sum(s.threads for s in mine)
