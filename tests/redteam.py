@@ -387,6 +387,70 @@ def daemon_lock(s: Stage) -> str | None:
     return as_user(s.alice, grab)  # type: ignore[no-any-return]
 
 
+# -- 8: no limits ----------------------------------------------------------------------------------------------
+LIMITS = ("--job-tasks", "64", "--job-memory", "256M", "--job-disk", "64M")
+"""The red team's pod is started with small limits, so that each is reached quickly."""
+
+FORKS = """
+import os, time
+made = refused = 0
+for _ in range(300):
+    try:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        made += 1
+    except BlockingIOError:
+        refused += 1
+print("FORKS", made, refused, flush=True)
+"""
+HOG = "b = bytearray(600 << 20); [b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; print('HELD 600 MiB')"
+BIG = """
+try:
+    with open("big.bin", "wb") as f:
+        for _ in range(200):
+            f.write(b"x" * (1 << 20))
+    print("WROTE 200 MiB", flush=True)
+except OSError as e:
+    print("REFUSED", e.strerror, flush=True)
+"""
+MANY = "import time\nfor i in range(200):\n    open(f'part{i}.bin', 'wb').write(b'x' * (1 << 20))\ntime.sleep(600)"
+
+
+def no_limits(s: Stage) -> str | None:
+    """A job forked 3,000 processes, held 2 GiB of memory, wrote a 2 GiB file, and was not pinned to its slot."""
+    py = sys.executable
+    forks = s.submit(s.alice, {"command": [py, "-c", FORKS]})
+    done, log = s.finished(forks), s.log(forks)
+    made = next((line.split()[1:] for line in log.splitlines() if line.startswith("FORKS")), None)
+    if made is None or int(made[0]) >= 64 or int(made[1]) == 0:
+        return f"the fork bomb was not stopped at 64 tasks ({made or log[-300:]})"
+    if "task limit reached" not in done["reason"] + log:
+        return f"the job was not told of its task limit: {done['reason']!r}"
+    hog = s.submit(s.alice, {"command": [py, "-c", HOG]})
+    done = s.finished(hog)
+    if "HELD 600 MiB" in s.log(hog) or "killed: out of memory (limit 256.0 MiB)" not in done["reason"]:
+        return f"a job held 600 MiB past its 256 MiB limit, or was not told: {done['reason']!r}"
+    big = s.submit(s.alice, {"command": [py, "-c", BIG]})
+    s.finished(big)
+    if "WROTE 200 MiB" in s.log(big) or "REFUSED File too large" not in s.log(big):
+        return f"a job wrote a 200 MiB file past its 64 MiB limit: {s.log(big)[-300:]!r}"
+    many = s.submit(s.alice, {"command": [py, "-c", MANY]})
+    done = s.finished(many, timeout=180)
+    if done["state"] != "failed" or "over the pod's job disk limit of 64.0 MiB" not in done["reason"]:
+        return f"a job whose folder grew past 64 MiB ran on: {done['state']} {done['reason']!r}"
+    code = "import os; print('CORES', sorted(os.sched_getaffinity(0)), os.environ['DESKPOD_CPU_SLOTS'], flush=True)"
+    pinned = s.submit(s.alice, {"command": [py, "-c", code]})
+    s.finished(pinned)
+    slot = int(next(e["note"] for e in s.pod.client().job(pinned)["events"] if e["to"] == "starting").split()[1][:-1])
+    cores = sorted(os.sched_getaffinity(0))
+    line = next((x for x in s.log(pinned).splitlines() if x.startswith("CORES")), "")
+    want = f"CORES [{cores[slot * len(cores) // max(2, len(cores))]}] 0"
+    if line != want:
+        return f"a one-slot job on slot {slot} was not pinned to its core: {line!r}, expected {want!r}"
+    return None
+
+
 ATTACKS: dict[str, Callable[[Stage], str | None]] = {
     "1 a loader variable in a job's env": loader_variables,
     "2 a build backend, a requirement that is a path": build_as_root,
@@ -398,6 +462,7 @@ ATTACKS: dict[str, Callable[[Stage], str | None]] = {
     "7 a FIFO for the phase file": phase_fifo,
     "7 a FIFO for output.log, then its page": log_fifo,
     "7 flock on daemon.lock": daemon_lock,
+    "8 no limits on tasks, memory, file size, disk, cores": no_limits,
 }
 """Every attack, by the number of the finding it replays."""
 
@@ -460,7 +525,7 @@ def stage() -> Iterator[Stage]:
     pods = Pods(box / "pods")
     try:
         with make_users("alice", "bob") as (alice, bob):
-            pod = pods("--socket", str(box / "pod.sock"), sandbox=True)
+            pod = pods("--socket", str(box / "pod.sock"), *LIMITS, sandbox=True)
             private = box / "bob-home" / "shared"
             private.mkdir(parents=True)
             (private / "secret.txt").write_text(BOB_SECRET)

@@ -12,7 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,6 +41,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="where bubblewrap cannot run, start anyway and run jobs without walls")  # fmt: skip
     p.add_argument("--env-cache", type=Path, help="where job environments are kept (default HOME/envs)")
     p.add_argument("--env-cache-limit", help="prune the environment cache to this size after builds, e.g. 50G")
+    p.add_argument(
+        "--job-memory",
+        default="share",
+        metavar="share|SIZE|none",
+        help="memory each job may hold: its share of the box by devices held (default), a size, or none",
+    )
+    p.add_argument(
+        "--job-tasks",
+        default="default",
+        metavar="default|N|none",
+        help="processes and threads each job may have at once (default: max(1024, 256 x its cores))",
+    )
+    p.add_argument("--no-pin-cpus", action="store_true", help="let jobs run on every core, not only their devices'")
+    p.add_argument("--job-disk", default="default", metavar="default|SIZE|none",
+                   help="what one job's folder may hold, and the largest file it may write (default: a quarter of"
+                   " the file system holding the pod's home)")  # fmt: skip
     p.set_defaults(func=up)
 
     p = sub.add_parser("down", help="stop the pod service (running jobs keep running unless --stop-jobs)")
@@ -138,6 +154,7 @@ def _client(args: argparse.Namespace | None = None) -> Any:
 
 def up(args: argparse.Namespace) -> int:
     from deskpod.environment import Environment
+    from deskpod.envs.limits import LimitSettings, parse_job_memory, parse_job_tasks
     from deskpod.jobs.pod import PodConfig
 
     env = Environment.read()
@@ -156,6 +173,12 @@ def up(args: argparse.Namespace) -> int:
         unmapped_user=args.unmapped_user or None,
         env_cache=args.env_cache.expanduser().resolve() if args.env_cache else None,
         env_cache_limit=_size(args.env_cache_limit),
+        limits=LimitSettings(
+            job_memory=parse_job_memory(args.job_memory),
+            job_tasks=parse_job_tasks(args.job_tasks),
+            pin_cpus=not args.no_pin_cpus,
+        ),
+        job_disk=_disk(args.job_disk),
     )
     if args.detach:
         return _detach(args, home)
@@ -181,17 +204,8 @@ def _detach(args: argparse.Namespace, home: Path) -> int:
     from deskpod.errors import ServiceError
 
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    argv = [sys.executable, "-m", "deskpod", "up", "--host", args.host, "--port", str(args.port), "--home", str(home)]
-    argv += ["--grace", str(args.grace)] + (["--no-preemption"] if args.no_preemption else [])
-    argv += ["--machine", args.machine] if args.machine else []
-    argv += ["--no-dashboard"] if args.no_dashboard else []
-    argv += ["--backend", args.backend, "--priority-limit", str(args.priority_limit)]
-    argv += ["--unmapped-user", args.unmapped_user]
-    argv += ["--socket", str(args.socket)] if args.socket else []
-    argv += ["--no-sandbox"] if args.no_sandbox else []
-    argv += ["--allow-unsandboxed"] if args.allow_unsandboxed else []
-    argv += ["--env-cache", str(args.env_cache)] if args.env_cache else []
-    argv += ["--env-cache-limit", args.env_cache_limit] if args.env_cache_limit else []
+    # itself again, with exactly the arguments it was given (and the home they resolved to), in the foreground
+    argv = [sys.executable, "-m", "deskpod", *(a for a in args.argv if a != "--detach"), "--home", str(home)]
     info = home / "daemon.json"
     info.unlink(missing_ok=True)
     with open(home / "daemon.log", "ab") as log:
@@ -207,6 +221,16 @@ def _detach(args: argparse.Namespace, home: Path) -> int:
             return 0
         time.sleep(0.1)
     raise ServiceError(f"the pod service did not come up in 60 s; see {home / 'daemon.log'}")
+
+
+def _disk(text: str) -> int | Literal["default"] | None:
+    """``--job-disk``: ``default`` (decided by the daemon), ``none``, or a size like ``200G``."""
+    from deskpod.envs.cache import parse_size
+
+    word = text.strip().lower()
+    if word in ("default", "none"):
+        return "default" if word == "default" else None
+    return parse_size(text, "--job-disk")
 
 
 def down(args: argparse.Namespace) -> int:

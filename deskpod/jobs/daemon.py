@@ -140,6 +140,23 @@ def _isolation(config: PodConfig, env: Environment, store: Any) -> Any:
     )
 
 
+def _confinement(config: PodConfig, kind: str, topology: Any) -> Any:
+    """Each job's cgroup (cores, memory, tasks) and disk limit; without cgroups here, jobs run without that part
+    of them, after one line saying why."""
+    from deskpod.envs.cgroups import detect
+    from deskpod.envs.limits import Box
+    from deskpod.jobs.confinement import Confinement, default_disk_limit, pod_name
+
+    found = detect(pod_name(config.home))  # the same tree after a restart
+    if found.cgroups is None:
+        print(f"deskpod: WARNING: jobs run without cgroup limits: {found.reason}", file=sys.stderr, flush=True)
+    else:
+        print(f"deskpod: job limits: {found.reason}", flush=True)
+    disk = default_disk_limit(config.home) if config.job_disk == "default" else config.job_disk
+    box = Box.read("cuda" if kind == "cuda" else "cpu", topology.device_count, topology)
+    return Confinement(config.limits, box, found.cgroups, disk)
+
+
 def _catalog_topology(name: str) -> Any:
     """A catalog machine's topology, to try the scheduler on a box this one only pretends to be."""
     from deskpod.hardware.placement import machine
@@ -203,6 +220,7 @@ def serve(
         topology=topo,
         executor=executor,
         isolation=isolation,
+        confinement=_confinement(config, kind, topo) if executor is None else None,
     )
     pod.start()
 

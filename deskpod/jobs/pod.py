@@ -20,15 +20,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from deskpod.environment import Environment
+from deskpod.envs.limits import LimitSettings
 from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError, UsageError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
+from deskpod.jobs.confinement import Confinement
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast, forecast
 from deskpod.jobs.isolation import Isolation, Prepared, box_environment
@@ -73,6 +75,11 @@ class PodConfig:
     """Where job environments are built and kept (default ``<home>/envs``)."""
     env_cache_limit: int | None = None
     """Bytes the environment cache may hold; the least recently used are pruned after each build."""
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    """Each job's cgroup: its cores, memory and tasks (`deskpod.envs.limits`; ``deskpod up --job-memory`` ...)."""
+    job_disk: int | Literal["default"] | None = "default"
+    """Bytes one job's folder may hold, and the largest file it may write (`deskpod.jobs.confinement`);
+    ``default``: a quarter of the file system holding the home; None: no limit."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -81,6 +88,8 @@ class PodConfig:
             raise ConfigError(f"--grace {self.grace_s}: expected seconds from 0 to 3600")
         if not -1000 <= self.priority_limit <= 1000:
             raise ConfigError(f"--priority-limit {self.priority_limit}: expected -1000 to 1000")
+        if not (self.job_disk in ("default", None) or (isinstance(self.job_disk, int) and self.job_disk > 0)):
+            raise ConfigError(f"--job-disk {self.job_disk!r}: expected 'default', 'none' or a size like 200G")
 
 
 class Pod:
@@ -98,6 +107,7 @@ class Pod:
         topology: Topology | None = None,
         executor: Executor | None = None,
         isolation: Isolation | None = None,
+        confinement: Confinement | None = None,
     ) -> None:
         self.config, self.store, self.device_count, self.device_kind = config, store, device_count, device_kind
         self.place, self.clock = place, clock
@@ -109,6 +119,8 @@ class Pod:
         """Accounts, environments and sandboxes of job processes (`deskpod.jobs.isolation`); None: the
         daemon's own account and Python, no walls (a pod in a unit test)."""
         self.accounts = isolation.accounts if isolation is not None else None
+        self.confinement = confinement
+        """Each job's cgroup and disk limit (`deskpod.jobs.confinement`); None: jobs run without limits."""
         self.sup = sv.Supervisor()
         # The daemon's own CUDA_VISIBLE_DEVICES: device i of its topology is entry i of that list.
         self._visible = Environment.read().cuda_visible_devices
@@ -253,6 +265,8 @@ class Pod:
         if stop_jobs:
             self._stop_everything()
         self.sup.release()
+        if self.confinement is not None:
+            self.confinement.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -313,6 +327,11 @@ class Pod:
         ):
             self.store.update(job.id, expect=ACTIVE, stop_reason="timeout", reason=f"exceeded max_runtime {limit:g} s")
             job = self.store.job(job.id) or job
+        if job.stop_reason is None and self.confinement is not None:
+            over = self.confinement.over_disk(job.id, files.folder, now)
+            if over is not None:
+                self.store.update(job.id, expect=ACTIVE, stop_reason="limit", reason=over)
+                job = self.store.job(job.id) or job
         if job.stop_reason is not None:
             if job.stop_deadline is None:
                 sv.signal_group(pid, job.pid_start, signal.SIGTERM)
@@ -332,6 +351,10 @@ class Pod:
         """Record how a job's process ended and decide: done, requeued, or retried."""
         if job.pid is not None:
             sv.kill_leftovers(job.pid, job.pid_start)  # nothing of a job outlives it
+        problems = self.confinement.finish(job.id) if self.confinement is not None else []  # its cgroup too
+        if problems:
+            self._tell(job, problems)
+        also = "".join(f"; {p}" for p in problems)  # what its limits did, in every ending's note
         if job.state is S.BUILDING and code == 0:  # its command ran and ended before the loop saw it start
             self._built(job, now)
             job = self.store.job(job.id) or job
@@ -346,24 +369,29 @@ class Pod:
         # A job asked to stop ends as the request said, whatever its exit code: a server that exits 0 on
         # SIGTERM was still cancelled (or preempted), not done.
         if code == 0 and why is None:
-            self.store.transition(job.id, S.SUCCEEDED, "exit code 0", reason="", **base)
+            self.store.transition(job.id, S.SUCCEEDED, f"exit code 0{also}", reason="", **base)
         elif why == "cancel":
-            self.store.transition(job.id, S.CANCELLED, f"cancelled (exit code {code})", reason="cancelled", **base)
+            self.store.transition(
+                job.id, S.CANCELLED, f"cancelled (exit code {code}){also}", reason="cancelled", **base
+            )
         elif why in ("preempt", "shutdown", "requeue"):
             note = {"preempt": "preempted", "shutdown": "stopped with the daemon", "requeue": "stopped to be requeued"}[
                 why
             ]
-            self.store.transition(job.id, S.PREEMPTED, f"{note} (exit code {code})", **base)
+            self.store.transition(job.id, S.PREEMPTED, f"{note} (exit code {code}){also}", **base)
             self.store.transition(job.id, S.QUEUED, "requeued", reason=f"{note}; requeued", pid=None)
         else:
             if why == "timeout":
                 new, note = S.FAILED, f"exceeded max_runtime {job.max_runtime:g} s (exit code {code})"
+            elif why == "limit":
+                new, note = S.FAILED, f"stopped: {job.reason} (exit code {code})"
             elif code is None:
                 new, note = S.LOST, "process gone without an exit code"
             elif self._files(job).phase(job.attempt) == "build-failed":
                 new, note = S.FAILED, f"environment build failed: {build_error(self._files(job).log)}"
             else:
                 new, note = S.FAILED, f"exit code {code}"
+            note += also
             self.store.transition(job.id, new, note, reason=note, failures=job.failures + 1, **base)
             if job.failures < job.retries:
                 self.store.transition(
@@ -374,6 +402,14 @@ class Pod:
                     pid=None,
                 )
         self._dirty = True
+
+    def _tell(self, job: JobRecord, lines: Sequence[str]) -> None:
+        """Add the pod's own lines to the end of a job's log (what its limits did to it)."""
+        try:
+            with sv.open_log(self._files(job).log) as log:
+                log.write("".join(f"deskpod: {line}\n" for line in lines).encode())
+        except OSError:
+            pass
 
     def _running(self, now: float) -> list[Running]:
         """The active jobs as the scheduler sees them (a stopping job frees its devices by its deadline)."""
@@ -424,7 +460,8 @@ class Pod:
         prep: Prepared | None = None
         try:
             argv = self._argv(job, files.folder)
-            env = self._env(job, devices, port)
+            limits = self.confinement.limits(devices) if self.confinement is not None else None
+            env = self._env(job, devices, port, pinned=limits is not None and limits.cpus is not None)
             if self.isolation is not None:
                 prep = self.isolation.prepare(
                     job.spec, self.store.user(job.user), files.folder, argv, env, devices=devices,
@@ -439,9 +476,10 @@ class Pod:
             with sv.open_log(files.log, prep.owner) as log:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.clock()))
                 log.write(f"--- deskpod: job {job.id} attempt {attempt} on devices {shown} at {stamp} ---\n".encode())
+            confine, limit_notes = self.confinement.start(job.id, limits) if self.confinement is not None else ([], [])
             pid, started = self.sup.spawn(
-                prep.argv, plan=prep.plan, files=files, attempt=attempt, options=prep.options, owner=prep.owner,
-                pass_fds=prep.fds,
+                prep.argv, plan=prep.plan, files=files, attempt=attempt, options=[*confine, *prep.options],
+                owner=prep.owner, pass_fds=prep.fds,
             )  # fmt: skip
         except Exception as e:  # whatever stops the start, the job must not stay "starting"
             if prep is not None:
@@ -456,7 +494,7 @@ class Pod:
             )
             return
         prep.close()
-        for note in prep.notes:
+        for note in [*prep.notes, *limit_notes]:
             self.store.note(job.id, note)
         new = S.BUILDING if prep.building else S.RUNNING
         self.store.transition(
@@ -494,9 +532,10 @@ class Pod:
             argv.append("--resume")
         return argv
 
-    def _env(self, job: JobRecord, devices: tuple[int, ...], port: int) -> dict[str, str]:
+    def _env(self, job: JobRecord, devices: tuple[int, ...], port: int, *, pinned: bool = False) -> dict[str, str]:
         """The job's environment variables: the box's (`box_environment`, never the rest of the admin's), the
-        spec's ``[env]``, then the pod's own (devices, rendezvous, the job's id and folder)."""
+        spec's ``[env]``, then the pod's own (devices, rendezvous, the job's id and folder). A job ``pinned`` to
+        its slots' cores sees only those, and counts its slots from 0."""
         env = box_environment(os.environ)
         env.update(job.spec.env)
         listed = ",".join(map(str, devices))
@@ -508,7 +547,7 @@ class Pod:
             env.pop("DESKPOD_CPU_SLOTS", None)
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""
-            env["DESKPOD_CPU_SLOTS"] = listed
+            env["DESKPOD_CPU_SLOTS"] = ",".join(map(str, range(len(devices)))) if pinned else listed
         return env
 
     # recovery and shutdown ------------------------------------------------------------------
@@ -537,6 +576,8 @@ class Pod:
                 self.store.transition(job.id, S.QUEUED, "daemon stopped before the job started", assigned="", reason="")
             else:
                 self._finish(job, None, now)
+        if self.confinement is not None:  # the cgroups of jobs that ended meanwhile go; the re-adopted keep theirs
+            self.confinement.recover({j.id for j in self.store.jobs(states=ACTIVE)})
 
     def _stop_everything(self) -> None:
         """For ``deskpod down --stop-jobs``: SIGTERM every job, wait the grace, SIGKILL, requeue them."""

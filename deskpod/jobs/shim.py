@@ -256,9 +256,14 @@ def main(args: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
     _write(pid_file, str(os.getpid()))
-    for procs in given.get("--cgroup", []):
-        with open(procs, "w") as f:  # the daemon made it; no job process exists yet to have swapped it
-            f.write(str(os.getpid()))
+    try:
+        for procs in given.get("--cgroup", []):
+            with open(procs, "w") as f:  # the daemon made it; no job process exists yet to have swapped it
+                f.write(str(os.getpid()))
+    except OSError as e:  # never run a job outside its limits
+        _say(f"deskpod: cannot enter the job's cgroup {procs}: {e.strerror}")
+        _write(exit_file, "126")
+        return 126
     if "--fsize" in given:
         import resource
 

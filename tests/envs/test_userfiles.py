@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from deskpod.envs.userfiles import RefusedFile, open_beneath, read_beneath, scandir_beneath, stat_beneath
+from deskpod.envs.userfiles import (
+    RefusedFile,
+    folder_bytes,
+    open_beneath,
+    read_beneath,
+    scandir_beneath,
+    stat_beneath,
+)
 
 OTHER = 54321
 """A uid no test process runs as."""
@@ -108,3 +115,16 @@ def test_folders_and_files_are_told_apart(tmp_path: Path) -> None:
     assert stat_beneath(job, "output.log").st_size == 14
     with pytest.raises(FileNotFoundError):
         read_beneath(job, "missing.log")
+
+
+def test_folder_bytes_counts_blocks_once_and_follows_no_link(tmp_path: Path) -> None:
+    job = _job(tmp_path)
+    (job / "big.bin").write_bytes(os.urandom(1 << 20))
+    os.link(job / "big.bin", job / "runs" / "same.bin")  # one inode, counted once
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "huge.bin").write_bytes(os.urandom(4 << 20))
+    (job / "runs" / "elsewhere").symlink_to(outside)  # not followed: not the job's bytes
+    got = folder_bytes(job)
+    assert (1 << 20) <= got < (2 << 20)
+    assert folder_bytes(tmp_path / "missing") == 0

@@ -128,6 +128,16 @@ def kill_leftover_jobs(home: Path) -> None:
         con.close()
     for pid, started in rows:
         kill_leftovers(pid, started)
+    from deskpod.envs.cgroups import detect
+    from deskpod.jobs.confinement import pod_name
+
+    cgroups = detect(pod_name(home.resolve())).cgroups  # a daemon killed in a test leaves its jobs' cgroups
+    if cgroups is not None:
+        for job_id in cgroups.job_ids():
+            group = cgroups.group(job_id)
+            group.kill()
+            group.remove()
+        cgroups.remove()
 
 
 class Pods:
