@@ -129,19 +129,23 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 /etc/deskpod-redteam-owned behind."""
 
 
-def _probe_sdist(folder: Path) -> None:
+def probe_sdist(folder: Path, name: str, backend: str) -> None:
+    """An sdist of package ``name`` 1.0 in ``folder`` whose build backend is the module text ``backend`` (an
+    in-tree backend that needs nothing from an index), readable by every account."""
+    stem = name.replace("-", "_") + "-1.0"
     files = {
         "pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "probe_backend"\nbackend-path = ["."]\n'
-        '[project]\nname = "deskpod-redteam-probe"\nversion = "1.0"\n',
-        "PKG-INFO": "Metadata-Version: 2.1\nName: deskpod-redteam-probe\nVersion: 1.0\n",
-        "probe_backend.py": PROBE_BACKEND,
+        f'[project]\nname = "{name}"\nversion = "1.0"\n',
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        "probe_backend.py": backend,
     }
-    with tarfile.open(folder / "deskpod_redteam_probe-1.0.tar.gz", "w:gz") as tar:
-        for name, text in files.items():
+    with tarfile.open(folder / f"{stem}.tar.gz", "w:gz") as tar:
+        for file, text in files.items():
             data = text.encode()
-            info = tarfile.TarInfo(f"deskpod_redteam_probe-1.0/{name}")
+            info = tarfile.TarInfo(f"{stem}/{file}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
+    (folder / f"{stem}.tar.gz").chmod(0o644)
 
 
 def build_as_root(s: Stage) -> str | None:
@@ -517,7 +521,7 @@ def stage() -> Iterator[Stage]:
     box = Path(tempfile.mkdtemp(prefix="deskpod-redteam-", dir="/var/tmp"))
     box.chmod(0o755)
     (box / "wheels").mkdir(mode=0o755)
-    _probe_sdist(box / "wheels")
+    probe_sdist(box / "wheels", "deskpod-redteam-probe", PROBE_BACKEND)
     saved = {k: os.environ.get(k) for k in (ADMIN_SECRET[0], "PIP_FIND_LINKS")}
     os.environ[ADMIN_SECRET[0]] = ADMIN_SECRET[1]
     os.environ["PIP_FIND_LINKS"] = " ".join(p for p in (saved["PIP_FIND_LINKS"], str(box / "wheels")) if p)
