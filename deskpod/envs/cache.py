@@ -777,21 +777,26 @@ class EnvCache:
         for tree, entry, inodes in broken + ready:
             if entry.state == "ready" and total <= max_bytes:
                 break
-            try:
-                fd = tree._open_lock(entry.key, replace_bad=not dry_run)
-            except OSError:
-                continue  # its lock cannot be replaced (dry run, or the account keeps swapping it)
-            try:
+            bad_lock = not tree._lock_sound(entry.folder.name)  # a link or FIFO there: replaced, and the folder goes
+            fd: int | None = None
+            if not (dry_run and bad_lock):  # (a dry run changes nothing, a bad lock file included)
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # in use, or being built
-                if entry.state == "broken" and tree._ready(entry.key) is not None:
+                    fd = tree._open_lock(entry.key, replace_bad=not dry_run)
+                except OSError:
+                    continue  # the account keeps swapping its lock file
+            try:
+                if fd is not None:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue  # in use, or being built
+                if entry.state == "broken" and not bad_lock and tree._ready(entry.key) is not None:
                     continue  # rebuilt since we looked
                 if not dry_run:
                     tree._delete(entry.folder.name, ignore_errors=True)
             finally:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             for ino in inodes:
                 links[ino] -= 1
                 if links[ino] == 0:
