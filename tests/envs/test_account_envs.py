@@ -254,8 +254,9 @@ def test_env_build_runs_as_the_account_inside_its_sandbox(pod: Pod, two_users: t
     assert [e.state for e in pod.top().entries()] == ["ready"]
 
     # It works, for bob, in his sandbox (outside it he cannot reach the interpreter under /root).
-    probe = [str(built.python), "-c", "import os, six; print(six.__version__, os.getuid())"]
-    ran = sandboxed(pod, bob, probe, (job,), env_dir=built.path)
+    # /tmp and /dev/shm are the sandbox's own, and writable by the account (a build's temporary files, a DataLoader).
+    code = "import os, six, tempfile; [tempfile.mkstemp(dir=d) for d in ('/tmp', '/dev/shm')]; print(six.__version__, os.getuid())"
+    ran = sandboxed(pod, bob, [str(built.python), "-c", code], (job,), env_dir=built.path)
     assert ran.returncode == 0 and ran.stdout.split() == ["1.17.0", str(bob.uid)], ran.stderr
     # A build is its own account's: bob's build refuses alice's cache (the kernel would stop its writes too).
     theirs = pod.tree(alice)
