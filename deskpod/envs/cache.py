@@ -456,7 +456,8 @@ class EnvCache:
         owner = self.owner
         if owner is not None and owner != os.geteuid():
             raise RunError(f"the environment cache {self.root} is uid {owner}'s: its environments are built by that"
-                           f" account (deskpod env build --cache {self.root}, run as it), not by uid {os.geteuid()}")  # fmt: skip
+                           f" account only, not by uid {os.geteuid()} (a cache two accounts share would let one change"
+                           " what the other runs); use a cache of your own (--cache, DESKPOD_ENV_CACHE)")  # fmt: skip
         if owner is None:
             self.root.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
