@@ -11,7 +11,9 @@ Folders live under /var/tmp, not /tmp: the sandbox has its own /tmp.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -19,6 +21,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -263,6 +266,92 @@ def test_env_build_runs_as_the_account_inside_its_sandbox(pod: Pod, two_users: t
     done = sandboxed(pod, bob, [*build[:6], str(theirs), *build[7:]], (job, theirs))
     assert done.returncode == 1 and f"is uid {alice.uid}'s: its environments are built by that account" in done.stderr
     assert os.listdir(theirs) == []
+
+
+BACKEND = """
+import errno, json, os, zipfile
+
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+
+def write(p):
+    with open(p, "w") as f:
+        f.write("written by a build backend")
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    seen = {"uid": os.getuid(), "read /etc/shadow": attempt(lambda: open("/etc/shadow").read()),
+            "read the pod's token": attempt(lambda: open(TOKEN).read()),
+            "list /root": sorted(os.listdir("/root")), "write /etc": attempt(lambda: write("/etc/deskpod-backend")),
+            "write /root": attempt(lambda: write("/root/deskpod-backend"))}
+    with open(PROOF, "w") as f:
+        json.dump(seen, f)
+    name = "evilpkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        z.writestr("evilpkg.py", "BUILT_BY = %d\\n" % os.getuid())
+        z.writestr("evilpkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\\nName: evilpkg\\nVersion: 1.0\\n")
+        z.writestr("evilpkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n")
+        z.writestr("evilpkg-1.0.dist-info/RECORD", "")
+    return name
+"""
+
+
+def test_a_build_backend_runs_as_the_account_inside_its_sandbox(pod: Pod, two_users: tuple[Account, Account]) -> None:
+    """The attack of issue 30: an sdist whose build backend runs code. Served from http://127.0.0.1 (a network URL,
+    allowed), it is built by ``deskpod env build`` run as the job's account in its sandbox: the backend runs as
+    that account, sees neither the pod's home nor /root, and writes nowhere but where the account may."""
+    _, bob = two_users
+    tree = pod.tree(bob)
+    job = prepare_owned_dir(pod.base / "pod" / "jobs" / "8", bob)
+    proof = job / "backend-proof.json"
+    served = pod.base / "served"
+    source = served / "evilpkg-1.0"
+    source.mkdir(parents=True)
+    (source / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
+                                           'backend-path = ["."]\n[project]\nname = "evilpkg"\nversion = "1.0"\n')  # fmt: skip
+    (source / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: evilpkg\nVersion: 1.0\n")
+    token = pod.base / "pod" / "token"
+    token.write_text("dp_admin_token")
+    token.chmod(0o644)
+    (source / "backend.py").write_text(f"PROOF = {str(proof)!r}\nTOKEN = {str(token)!r}\n{BACKEND}")
+    with tarfile.open(served / "evilpkg-1.0.tar.gz", "w:gz") as tar:
+        tar.add(source, arcname="evilpkg-1.0")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/evilpkg-1.0.tar.gz"
+        defn = packages(f"evilpkg @ {url}")
+        (job / "environment.json").write_text(json.dumps(defn.to_json()))
+        give(job, bob)
+        interp = resolve_python("3.11")
+        build = [sys.executable, "-m", "deskpod", "env", "build", "--cache", str(tree), "--definition",
+                 str(job / "environment.json"), "--python", str(interp.path)]  # fmt: skip
+        done = sandboxed(pod, bob, build, (job, tree))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(proof.read_text()) == {
+        "uid": bob.uid,
+        "read /etc/shadow": "EACCES",
+        "read the pod's token": "ENOENT",  # the pod's home is hidden (world-readable here on purpose)
+        "list /root": [".pyenv"],  # only the daemon's interpreter is shown of root's home
+        "write /etc": "EROFS",
+        "write /root": "EROFS",
+    }
+    assert proof.stat().st_uid == bob.uid
+    built = pod.of(bob).lookup(defn, interp)
+    assert built is not None
+    code = "import evilpkg; print(evilpkg.BUILT_BY)"
+    ran = sandboxed(pod, bob, [str(built.python), "-c", code], (job,), env_dir=built.path)
+    assert ran.stdout.split() == [str(bob.uid)], ran.stderr
 
 
 # -- attacks on root's readers ---------------------------------------------------------------------------------
