@@ -341,23 +341,27 @@ class EnvCache:
                 except FileNotFoundError:
                     made = os.open("last_used", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                    0o644, dir_fd=fd)  # fmt: skip
-                    self._give(made, fd)
-                    os.close(made)
+                    try:
+                        self._give(made, fd)
+                    finally:
+                        os.close(made)
             finally:
                 os.close(fd)
 
     @contextlib.contextmanager
     def in_use(self, key: str) -> Iterator[None]:
         """Hold the environment's lock shared for the ``with`` block: `prune` and `remove` leave it alone."""
-        fd = self._open_lock(key)
+        fd = self.open_lock(key)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
             yield
         finally:
             os.close(fd)
 
-    def _open_lock(self, key: str, *, replace_bad: bool = False) -> int:
-        """A descriptor of the environment's lock file, made (with ``.locks``) when missing; see `_lock`."""
+    def open_lock(self, key: str, *, replace_bad: bool = False) -> int:
+        """A descriptor of the environment's lock file (for ``flock``), made (with ``.locks``) when missing: safe
+        for root in an account's tree, where a link, FIFO or another's file at that name is refused (`RefusedFile`),
+        or with ``replace_bad`` unlinked and replaced; see `_lock`. The caller closes it."""
         fd = self._lock(key, create=True, replace_bad=replace_bad)
         assert fd is not None
         return fd
@@ -383,7 +387,11 @@ class EnvCache:
                         fd = os.open(name, _LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=locks)
                     except FileExistsError:
                         continue  # made meanwhile: open that one
-                    self._give(fd, locks)
+                    try:
+                        self._give(fd, locks)
+                    except OSError:
+                        os.close(fd)
+                        raise
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENXIO):
                         raise
@@ -468,7 +476,7 @@ class EnvCache:
             _say(log, f"deskpod: environment {key[:KEY_DIR_CHARS]} is ready ({defn.summary()}); nothing to install")
             self.touch(key)
             return found
-        fd = self._open_lock(key, replace_bad=True)
+        fd = self.open_lock(key, replace_bad=True)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -723,7 +731,7 @@ class EnvCache:
         built. A bad lock file (a link, a FIFO) is replaced, not followed."""
         entry = self.find(key, account)
         tree = self.tree(entry.account)
-        fd = tree._open_lock(entry.key, replace_bad=True)
+        fd = tree.open_lock(entry.key, replace_bad=True)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -782,7 +790,7 @@ class EnvCache:
             fd: int | None = None
             if not (dry_run and bad_lock):  # (a dry run changes nothing, a bad lock file included)
                 try:
-                    fd = tree._open_lock(entry.key, replace_bad=not dry_run)
+                    fd = tree.open_lock(entry.key, replace_bad=not dry_run)
                 except OSError:
                     continue  # the account keeps swapping its lock file
             try:
