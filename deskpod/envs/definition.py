@@ -253,12 +253,19 @@ def _requirement(text: str, where: str) -> str:
     return str(req)
 
 
+def _is_local(url: str) -> bool:
+    """A path (no scheme, or a drive letter ``C:``) or a ``file:`` URL (``git+file:`` and the like included)."""
+    m = SCHEME_RE.match(url)
+    scheme = m.group(1).lower() if m else ""
+    return len(scheme) <= 1 or scheme.rsplit("+", 1)[-1] == "file"
+
+
 def url_problem(url: str, schemes: frozenset[str]) -> str | None:
     """Why a build may not fetch ``url``, as the end of a sentence (``points at a local file or folder ...``), or
     None when it is a network URL of one of ``schemes``."""
     m = SCHEME_RE.match(url)
     scheme = m.group(1).lower() if m else ""
-    if len(scheme) <= 1 or scheme.rsplit("+", 1)[-1] == "file":  # no scheme (a path), C:, file:, git+file: ...
+    if _is_local(url):
         return "points at a local file or folder, whose contents would not be part of what defines the environment"
     if scheme not in schemes or not url[len(scheme) + 1 :].startswith("//"):
         shown = ", ".join(f"{s}://" for s in sorted(schemes)) if len(schemes) <= 4 else "https://, git+https://, ..."
@@ -430,11 +437,24 @@ def _lock_sources(lock: EnvFile, project_name: object) -> None:
                 " the environment. Publish it to a package index or find-links folder and lock it from there by"
                 " version, or depend on it by its https:// or git+https:// URL"
             )
-        if kind == "registry":
-            continue  # an index (the box's own may be a local folder); its files are pinned by hash in the lock
-        why = url_problem(value, LOCK_GIT_SCHEMES if kind == "git" else LOCK_URL_SCHEMES)
-        if why is not None:
-            raise ConfigError(f"{where} comes from {kind} {value!r}, which {why}; {TO_INSTEAD}")
+        if kind != "registry":
+            why = url_problem(value, LOCK_GIT_SCHEMES if kind == "git" else LOCK_URL_SCHEMES)
+            if why is not None:
+                raise ConfigError(f"{where} comes from {kind} {value!r}, which {why}; {TO_INSTEAD}")
+        # An index may be a folder (the box's own, as pip's configuration names it): its files are then paths.
+        local_index = kind == "registry" and _is_local(value)
+        wheels = package.get("wheels")
+        for dist in [package.get("sdist"), *(wheels if isinstance(wheels, list) else [])]:
+            if not isinstance(dist, Mapping):
+                continue
+            url, path = dist.get("url"), dist.get("path")
+            why = url_problem(str(url), LOCK_URL_SCHEMES) if url is not None else None
+            if why is None and path is not None and not local_index:
+                why = (
+                    "points at a local file or folder, whose contents would not be part of what defines the environment"
+                )
+            if why is not None:
+                raise ConfigError(f"{where} has a file at {url or path!r}, which {why}; {TO_INSTEAD}")
 
 
 ENVIRONMENT_SCHEMA: dict[str, Any] = {

@@ -155,10 +155,11 @@ def test_a_url_builds_do_not_fetch_is_refused(reference: str) -> None:
                               " build fetches (https://, git+https://, ...); put the package on")  # fmt: skip
 
 
-def lock_with(source: str, name: str = "evil", project: str = "demo") -> dict[str, object]:
+def lock_with(source: str, name: str = "evil", project: str = "demo", files: str = "") -> dict[str, object]:
     lock = (
         f'version = 1\nrequires-python = ">=3.10"\n\n[[package]]\nname = "{project}"\nversion = "0.1"\n'
         f'source = {{ virtual = "." }}\n\n[[package]]\nname = "{name}"\nversion = "1.0"\nsource = {source}\n'
+        f"{files}"
     )
     return {"lock": {"file": "uv.lock", "text": lock}, "pyproject": {"file": "pyproject.toml", "text": PYPROJECT}}
 
@@ -185,6 +186,35 @@ def test_a_lock_with_a_local_source_is_refused(source: str, expected: str) -> No
     message = refused(lock_with(source))
     assert message.startswith("job spec: environment.lock 'uv.lock': package 'evil' ")
     assert expected in message
+
+
+PYPI = '{ registry = "https://pypi.org/simple" }'
+WHEEL = "evil-1.0-py3-none-any.whl"
+
+
+@pytest.mark.parametrize(
+    ("source", "files", "expected"),
+    [
+        (PYPI, f'wheels = [{{ url = "file:///home/alice/{WHEEL}", hash = "sha256:00" }}]\n',
+         f"has a file at 'file:///home/alice/{WHEEL}', which points at a local file or folder"),
+        (PYPI, 'sdist = { path = "/home/alice/evil-1.0.tar.gz", hash = "sha256:00" }\n',
+         "has a file at '/home/alice/evil-1.0.tar.gz', which points at a local file or folder"),
+        ('{ git = "https://github.com/x/evil#00" }', f'wheels = [{{ path = "../{WHEEL}" }}]\n',
+         f"has a file at '../{WHEEL}', which points at a local file or folder"),
+        (PYPI, 'sdist = { url = "ftp://x/evil-1.0.tar.gz" }\n',
+         "has a file at 'ftp://x/evil-1.0.tar.gz', which is not a network URL an environment build fetches"),
+        (PYPI, f'wheels = [{{ url = "https://files.example/{WHEEL}" }}]\n', None),
+        ('{ registry = "/opt/pypi/simple" }', f'wheels = [{{ path = "/opt/pypi/files/{WHEEL}", hash = "sha256:00" }}]\n',
+         None),  # a local index's files are paths (the test_cache lock is one, made by uv)
+    ],
+)  # fmt: skip
+def test_a_locked_file_at_a_local_path_is_refused(source: str, files: str, expected: str | None) -> None:
+    table = lock_with(source, files=files)
+    if expected is None:
+        assert parse_environment(table).kind == "lock"
+    else:
+        message = refused(table)
+        assert message.startswith(f"job spec: environment.lock 'uv.lock': package 'evil' {expected}")
 
 
 @pytest.mark.parametrize(
