@@ -26,8 +26,10 @@ environment is cached; give it a new definition (a new URL, a commit, a ``#sha25
 A local path is refused, in every form: ``name @ /abs``, ``name @ ./rel``, ``name @ ../x``, ``file:``,
 ``git+file:`` (and ``hg+``, ``svn+``, ``bzr+``), and in a ``uv.lock`` a package whose source is a ``path``, a
 ``directory``, an ``editable`` or a ``virtual`` project (a workspace member), other than the lock's own project
-(``source = { editable = "." }`` or ``{ virtual = "." }``, which is never installed). What a path names would
-not be part of what defines the environment, and depends on the box and the folder the build runs in.
+(``source = { editable = "." }`` or ``{ virtual = "." }``, which is never installed), or a locked wheel or sdist
+at a local path or ``file:`` URL (but when its index is itself a folder: the box's own local index, whose
+files the lock pins by hash). What a path names would not be part of what defines the environment, and
+depends on the box and the folder the build runs in.
 """
 
 from __future__ import annotations
