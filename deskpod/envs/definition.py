@@ -15,6 +15,21 @@ and keeps ``{"file": NAME, "text": CONTENTS}``, so what defines the environment 
 hashed by its contents. Over HTTP there is no spec file and the daemon never reads a path a user names: the
 client sends ``{"file": NAME, "text": CONTENTS}`` itself (``deskpod submit`` does). Contents are checked here
 (requirement syntax, TOML that parses, a ``[project]`` table), so a bad file is refused at submission.
+
+Where packages may come from. A requirement by name and version comes from the box's package indexes (pip's
+configuration, `deskpod.envs.index`). A direct reference (``name @ URL``) or a ``uv.lock`` source may point over
+the network (``https://``, ``http://``, ``git+https://``, ``git+ssh://``, ...; ``http://127.0.0.1/...`` too):
+the build fetches it as the job's own account, inside that account's sandbox and into that account's own cache
+(`deskpod.envs.cache`), so it reaches only what the user reaches anyway. What is fetched is not part of the
+definition, so it is not in the environment's hash: a URL whose contents move is not fetched again while the
+environment is cached; give it a new definition (a new URL, a commit, a ``#sha256=`` fragment) to change it.
+A local path is refused, in every form: ``name @ /abs``, ``name @ ./rel``, ``name @ ../x``, ``file:``,
+``git+file:`` (and ``hg+``, ``svn+``, ``bzr+``), and in a ``uv.lock`` a package whose source is a ``path``, a
+``directory``, an ``editable`` or a ``virtual`` project (a workspace member), other than the lock's own project
+(``source = { editable = "." }`` or ``{ virtual = "." }``, which is never installed), or a locked wheel or sdist
+at a local path or ``file:`` URL (but when its index is itself a folder: the box's own local index, whose
+files the lock pins by hash). What a path names would not be part of what defines the environment, and
+depends on the box and the folder the build runs in.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from deskpod.errors import ConfigError
 
@@ -42,6 +58,19 @@ PYTHON_RE = re.compile(r"^3\.\d{1,2}(\.\d{1,3})?$")
 IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]*$")
 HASH_RE = re.compile(r"^--hash=[A-Za-z0-9]+:[0-9a-fA-F]+$")
 PREFIX = "job spec: environment."
+URL_SCHEMES = frozenset({"http", "https", "git+http", "git+https", "git+ssh", "git+git", "hg+http", "hg+https",
+                         "hg+ssh", "svn+http", "svn+https", "svn+ssh", "svn+svn", "bzr+http", "bzr+https", "bzr+ssh",
+                         "bzr+sftp"})  # fmt: skip
+"""The schemes of a direct reference (``name @ URL``) the build may fetch: over the network, never ``file:``."""
+LOCK_GIT_SCHEMES = frozenset({"http", "https", "ssh", "git"})
+"""The schemes of a ``uv.lock`` git source (uv writes ``git = "https://...?rev=...#SHA"``, without ``git+``)."""
+LOCK_URL_SCHEMES = frozenset({"http", "https"})
+LOCK_LOCAL_SOURCES = ("path", "directory", "editable", "virtual")
+"""``uv.lock`` sources that are a path on the box where the lock was made."""
+LOCK_SOURCES = ("registry", "git", "url", *LOCK_LOCAL_SOURCES)
+SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+TO_INSTEAD = ("put the package on a package index or find-links folder and require it by version, or give its"
+              " https:// or git+https:// URL")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +217,8 @@ def parse_environment(table: object, *, base_dir: Path | None = None) -> EnvDefi
             f"{PREFIX}lock {lock.file!r} needs environment.pyproject too: a uv.lock is meaningless without its"
             ' pyproject.toml; send pyproject = {"file": "pyproject.toml", "text": CONTENTS} beside it'
         )
-    _project_table(pyproject)
+    project = _project_table(pyproject)
+    _lock_sources(lock, project.get("name"))
     return EnvDefinition(python=python, lock=lock, pyproject=pyproject)
 
 
@@ -218,12 +248,31 @@ def _requirement(text: str, where: str) -> str:
             f"{PREFIX}{where}: {text!r} is not a valid requirement ({str(e).splitlines()[0]}); "
             'expected PEP 508, e.g. "six==1.17.0" or "torch>=2.3"'
         ) from e
-    if req.url is not None and req.url.lower().startswith("file:"):
-        raise ConfigError(
-            f"{PREFIX}{where}: {text!r} points at a local file; its contents would not be part of what defines the"
-            " environment. Put the wheel on a package index or find-links folder and require it by version"
-        )
+    if req.url is not None:
+        why = url_problem(req.url, URL_SCHEMES)
+        if why is not None:
+            raise ConfigError(f"{PREFIX}{where}: {text!r} {why}; {TO_INSTEAD}")
     return str(req)
+
+
+def _is_local(url: str) -> bool:
+    """A path (no scheme, or a drive letter ``C:``) or a ``file:`` URL (``git+file:`` and the like included)."""
+    m = SCHEME_RE.match(url)
+    scheme = m.group(1).lower() if m else ""
+    return len(scheme) <= 1 or scheme.rsplit("+", 1)[-1] == "file"
+
+
+def url_problem(url: str, schemes: frozenset[str]) -> str | None:
+    """Why a build may not fetch ``url``, as the end of a sentence (``points at a local file or folder ...``), or
+    None when it is a network URL of one of ``schemes``."""
+    m = SCHEME_RE.match(url)
+    scheme = m.group(1).lower() if m else ""
+    if _is_local(url):
+        return "points at a local file or folder, whose contents would not be part of what defines the environment"
+    if scheme not in schemes or not url[len(scheme) + 1 :].startswith("//"):
+        shown = ", ".join(f"{s}://" for s in sorted(schemes)) if len(schemes) <= 4 else "https://, git+https://, ..."
+        return f"is not a network URL an environment build fetches ({shown})"
+    return None
 
 
 def _packages(v: object) -> tuple[str, ...]:
@@ -365,6 +414,49 @@ def _lock_packages(text: str, name: str = "uv.lock") -> list[Mapping[str, Any]]:
             " with names; make one with `uv lock`)"
         )
     return packages
+
+
+def _lock_sources(lock: EnvFile, project_name: object) -> None:
+    """Refuse a uv.lock package that comes from a local path or a local repository (see the module docstring).
+    The lock's own project (``{ editable = "." }`` or ``{ virtual = "." }``, named as its pyproject.toml names
+    it) is the one local source allowed: ``uv sync --no-install-project`` does not install it."""
+    own = canonicalize_name(project_name) if isinstance(project_name, str) else None
+    for package in _lock_packages(lock.text, lock.file):
+        name, source = package["name"], package.get("source")
+        where = f"{PREFIX}lock {lock.file!r}: package {name!r}"
+        if not isinstance(source, Mapping) or len(source) != 1:
+            raise ConfigError(f"{where} has source = {source!r}; expected one of {', '.join(LOCK_SOURCES)} as uv"
+                              " writes it (make the lock with `uv lock`)")  # fmt: skip
+        [(kind, value)] = source.items()
+        if kind not in LOCK_SOURCES or not isinstance(value, str):
+            raise ConfigError(f"{where} has source {kind} = {value!r}; expected one of {', '.join(LOCK_SOURCES)} as"
+                              " uv writes it (make the lock with `uv lock`)")  # fmt: skip
+        if kind in LOCK_LOCAL_SOURCES:
+            if value == "." and kind in ("editable", "virtual") and canonicalize_name(name) == own:
+                continue
+            raise ConfigError(
+                f"{where} comes from a local {kind} ({value!r}); what is there would not be part of what defines"
+                " the environment. Publish it to a package index or find-links folder and lock it from there by"
+                " version, or depend on it by its https:// or git+https:// URL"
+            )
+        if kind != "registry":
+            why = url_problem(value, LOCK_GIT_SCHEMES if kind == "git" else LOCK_URL_SCHEMES)
+            if why is not None:
+                raise ConfigError(f"{where} comes from {kind} {value!r}, which {why}; {TO_INSTEAD}")
+        # An index may be a folder (the box's own, as pip's configuration names it): its files are then paths.
+        local_index = kind == "registry" and _is_local(value)
+        wheels = package.get("wheels")
+        for dist in [package.get("sdist"), *(wheels if isinstance(wheels, list) else [])]:
+            if not isinstance(dist, Mapping):
+                continue
+            url, path = dist.get("url"), dist.get("path")
+            why = url_problem(str(url), LOCK_URL_SCHEMES) if url is not None else None
+            if why is None and path is not None and not local_index:
+                why = (
+                    "points at a local file or folder, whose contents would not be part of what defines the environment"
+                )
+            if why is not None:
+                raise ConfigError(f"{where} has a file at {url or path!r}, which {why}; {TO_INSTEAD}")
 
 
 ENVIRONMENT_SCHEMA: dict[str, Any] = {

@@ -186,7 +186,8 @@ def sandbox_argv(
     out += ["--ro-bind", "/", "/", "--dev", "/dev"]
     for name in walls.devices:
         out += ["--dev-bind-try", str(walls.dev_root / name), f"/dev/{name}"]
-    out += ["--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
+    # 1777: with switch_user bwrap runs as root, and a tmpfs it makes is root's 0755, closed to the account
+    out += ["--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp", "--perms", "1777", "--tmpfs", "/dev/shm"]
     if switch_user and account is None:
         raise ConfigError("switch_user=True needs the account to switch to")
     out += _mounts(walls, env_dir, open_parents=switch_user)

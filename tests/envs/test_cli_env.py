@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import pwd
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,18 +53,20 @@ def test_build_list_show_prune(run_cli: Run, tmp_path: Path) -> None:
     code, out, err = run_cli("env", "list", "--cache", "envs")
     assert (code, err) == (0, "")
     head, row, total = out.splitlines()
-    assert head.split() == ["KEY", "STATE", "PYTHON", "SIZE", "LAST", "USED", "WHAT"]
+    assert head.split() == ["KEY", "ACCOUNT", "STATE", "PYTHON", "SIZE", "LAST", "USED", "WHAT"]
     key12 = path.parent.name[:12]
-    assert row.startswith(f"{key12}  ready ") and row.endswith("requirements requirements.txt (1 requirement)")
+    me = pwd.getpwuid(os.geteuid()).pw_name  # the cache's own root: the account that owns it
+    assert row.split()[:3] == [key12, me, "ready"] and row.endswith("requirements requirements.txt (1 requirement)")
     assert total.startswith("total: 1 environment, ") and "(uv cache " in total and str(tmp_path / "envs") in total
     listed = json.loads(run_cli("env", "list", "--cache", "envs", "--json")[1])
     [entry] = listed["environments"]
     assert entry["state"] == "ready" and entry["python"].startswith("3.11.") and entry["in_use"] is False
+    assert entry["account"] == ""
     assert listed["total_bytes"] > 0 and listed["uv_cache_bytes"] > 0
 
     code, out, err = run_cli("env", "show", key12[:6], "--cache", "envs")
     assert code == 0
-    assert out.splitlines()[0] == f"key:        {entry['key']}"
+    assert out.splitlines()[:2] == [f"key:        {entry['key']}", f"account:    {me}"]
     assert f"path:       {path}" in out.splitlines()
     assert out.endswith("freeze.txt:\n  six==1.17.0\n")
     shown = json.loads(run_cli("env", "show", key12, "--cache", "envs", "--json")[1])
@@ -72,10 +76,10 @@ def test_build_list_show_prune(run_cli: Run, tmp_path: Path) -> None:
     code, out, _ = run_cli("env", "prune", "--cache", "envs", "--max-size", "1G")
     assert code == 0 and out.startswith("nothing to remove: the cache is within 1.0G\nleft: 1 environment, ")
     code, out, _ = run_cli("env", "prune", "--cache", "envs", "--max-size", "1K", "--dry-run")
-    assert out.startswith(f"would remove {key12}  ready ") and "left: 0 environments, 0B of at most 1.0K" in out
+    assert out.startswith(f"would remove {key12}  {me}  ready ") and "left: 0 environments, 0B of at most 1.0K" in out
     assert path.exists()
     code, out, _ = run_cli("env", "prune", "--cache", "envs", "--max-size", "0")
-    assert code == 0 and out.startswith(f"removed {key12}  ready ") and "left: 0 environments, 0B" in out
+    assert code == 0 and out.startswith(f"removed {key12}  {me}  ready ") and "left: 0 environments, 0B" in out
     assert not path.exists()
     assert run_cli("env", "list", "--cache", "envs")[1].startswith("no environments in ")
 
@@ -89,7 +93,7 @@ def test_a_failed_build_exits_1_with_one_line(run_cli: Run, tmp_path: Path) -> N
     assert "nosuchpkg-deskpod was not found" in line
     assert "nosuchpkg-deskpod" in (tmp_path / "build.log").read_text()
     code, out, _ = run_cli("env", "list", "--cache", "envs")
-    assert " broken " in out.splitlines()[1]
+    assert out.splitlines()[1].split()[2] == "broken"
     code, out, _ = run_cli("env", "show", out.splitlines()[1].split()[0], "--cache", "envs")
     assert "freeze.txt: none (the build did not finish; see the build log)" in out
 

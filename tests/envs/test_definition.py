@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import sysconfig
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from deskpod.envs.cache import find_uv
 from deskpod.envs.definition import ENVIRONMENT_SCHEMA, FIELDS, EnvFile, parse_environment
 from deskpod.envs.images import check_image, container_runtime, enroot_setup_argv, enroot_uri, image_argv
 from deskpod.envs.python import available_pythons, candidate_paths, probe, resolve_python
@@ -91,6 +95,198 @@ def test_an_image_is_a_reference() -> None:
     assert parse_environment(d.to_json()) == d
 
 
+LOCAL_REFERENCES = [
+    "evil @ /home/alice/evil",
+    "evil @ ./rel",
+    "evil @ ../x/evil-1.0.tar.gz",
+    "evil @ rel/evil",
+    "evil @ ~/evil",
+    "evil @ file:///home/alice/evil-1.0-py3-none-any.whl",
+    "evil @ FILE:/home/alice/evil",
+    "evil @ git+file:///home/alice/evil.git",
+    "evil @ GIT+FILE:///home/alice/evil.git@v1",
+    "evil @ hg+file:///home/alice/evil",
+    "evil @ svn+file:///home/alice/evil",
+    "evil @ bzr+file:///home/alice/evil",
+    "evil @ C:/evil",
+    'evil @ /home/alice/evil ; python_version >= "3"',
+]
+NETWORK_REFERENCES = [
+    "six @ https://files.example/six-1.17.0-py2.py3-none-any.whl",
+    "six @ http://127.0.0.1:8000/six-1.17.0-py2.py3-none-any.whl",
+    "demo @ git+https://github.com/example/demo@v1.0",
+    "demo @ git+ssh://git@github.com/example/demo",
+    "demo @ hg+https://hg.example/demo",
+]
+REFERENCE_FORMS: dict[str, Callable[[str], dict[str, object]]] = {
+    "packages": lambda r: {"packages": ["six==1.17.0", r]},
+    "requirements": lambda r: {"requirements": {"file": "requirements.txt", "text": f"six==1.17.0\n{r}\n"}},
+    "pyproject": lambda r: {"pyproject": {"file": "pyproject.toml",
+                                          "text": f'[project]\nname = "x"\ndependencies = [{json.dumps(r)}]\n'}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", sorted(REFERENCE_FORMS))
+@pytest.mark.parametrize("reference", LOCAL_REFERENCES)
+def test_a_local_path_is_refused_in_every_form(form: str, reference: str) -> None:
+    message = refused(REFERENCE_FORMS[form](reference))
+    where = {"packages": "packages", "requirements": "requirements 'requirements.txt' line 2",
+             "pyproject": "pyproject 'pyproject.toml' dependencies"}[form]  # fmt: skip
+    assert message.startswith(f"job spec: environment.{where}: '{reference.split(' ;')[0]}")
+    assert (
+        "points at a local file or folder, whose contents would not be part of what defines the environment;" in message
+    )
+    assert message.endswith("; put the package on a package index or find-links folder and require it by version,"
+                            " or give its https:// or git+https:// URL")  # fmt: skip
+
+
+@pytest.mark.parametrize("form", sorted(REFERENCE_FORMS))
+@pytest.mark.parametrize("reference", NETWORK_REFERENCES)
+def test_a_network_url_is_taken(form: str, reference: str) -> None:
+    d = parse_environment(REFERENCE_FORMS[form](reference))
+    assert reference in d.requirements_text().splitlines()
+
+
+@pytest.mark.parametrize("reference", ["x @ ftp://files.example/x.whl", "x @ https:/files.example/x.whl",
+                                       "x @ git+ftp://git.example/x", "x @ data:text/plain,x"])  # fmt: skip
+def test_a_url_builds_do_not_fetch_is_refused(reference: str) -> None:
+    message = refused({"packages": [reference]})
+    assert message.startswith(f"job spec: environment.packages: {reference!r} is not a network URL an environment"
+                              " build fetches (https://, git+https://, ...); put the package on")  # fmt: skip
+
+
+def lock_with(source: str, name: str = "evil", project: str = "demo", files: str = "") -> dict[str, object]:
+    lock = (
+        f'version = 1\nrequires-python = ">=3.10"\n\n[[package]]\nname = "{project}"\nversion = "0.1"\n'
+        f'source = {{ virtual = "." }}\n\n[[package]]\nname = "{name}"\nversion = "1.0"\nsource = {source}\n'
+        f"{files}"
+    )
+    return {"lock": {"file": "uv.lock", "text": lock}, "pyproject": {"file": "pyproject.toml", "text": PYPROJECT}}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ('{ path = "../evil-1.0-py3-none-any.whl" }', "comes from a local path ('../evil-1.0-py3-none-any.whl')"),
+        ('{ directory = "/home/alice/evil" }', "comes from a local directory ('/home/alice/evil')"),
+        ('{ editable = "../evil" }', "comes from a local editable ('../evil')"),
+        ('{ virtual = "packages/evil" }', "comes from a local virtual ('packages/evil')"),
+        ('{ editable = "." }', "comes from a local editable ('.')"),  # "." is the project's own name only
+        ('{ git = "file:///home/alice/evil#0123abcd" }',
+         "comes from git 'file:///home/alice/evil#0123abcd', which points at a local file or folder"),
+        ('{ git = "/home/alice/evil" }', "comes from git '/home/alice/evil', which points at a local file or folder"),
+        ('{ url = "file:///home/alice/evil-1.0.tar.gz" }', "comes from url 'file:///home/alice/evil-1.0.tar.gz'"),
+        ('{ url = "ftp://x/evil.tar.gz" }', "which is not a network URL an environment build fetches (http://, https://)"),
+        ('{ git = "git+https://github.com/x/evil" }', "which is not a network URL an environment build fetches"),
+        ('{ workspace = "../evil" }', "has source workspace = '../evil'; expected one of registry, git, url, path"),
+        ('"../evil"', "has source = '../evil'; expected one of registry, git, url, path, directory, editable, virtual"),
+    ],
+)  # fmt: skip
+def test_a_lock_with_a_local_source_is_refused(source: str, expected: str) -> None:
+    message = refused(lock_with(source))
+    assert message.startswith("job spec: environment.lock 'uv.lock': package 'evil' ")
+    assert expected in message
+
+
+PYPI = '{ registry = "https://pypi.org/simple" }'
+WHEEL = "evil-1.0-py3-none-any.whl"
+
+
+@pytest.mark.parametrize(
+    ("source", "files", "expected"),
+    [
+        (PYPI, f'wheels = [{{ url = "file:///home/alice/{WHEEL}", hash = "sha256:00" }}]\n',
+         f"has a file at 'file:///home/alice/{WHEEL}', which points at a local file or folder"),
+        (PYPI, 'sdist = { path = "/home/alice/evil-1.0.tar.gz", hash = "sha256:00" }\n',
+         "has a file at '/home/alice/evil-1.0.tar.gz', which points at a local file or folder"),
+        ('{ git = "https://github.com/x/evil#00" }', f'wheels = [{{ path = "../{WHEEL}" }}]\n',
+         f"has a file at '../{WHEEL}', which points at a local file or folder"),
+        (PYPI, 'sdist = { url = "ftp://x/evil-1.0.tar.gz" }\n',
+         "has a file at 'ftp://x/evil-1.0.tar.gz', which is not a network URL an environment build fetches"),
+        (PYPI, f'wheels = [{{ url = "https://files.example/{WHEEL}" }}]\n', None),
+        ('{ registry = "/opt/pypi/simple" }', f'wheels = [{{ path = "/opt/pypi/files/{WHEEL}", hash = "sha256:00" }}]\n',
+         None),  # a local index's files are paths (the test_cache lock is one, made by uv)
+    ],
+)  # fmt: skip
+def test_a_locked_file_at_a_local_path_is_refused(source: str, files: str, expected: str | None) -> None:
+    table = lock_with(source, files=files)
+    if expected is None:
+        assert parse_environment(table).kind == "lock"
+    else:
+        message = refused(table)
+        assert message.startswith(f"job spec: environment.lock 'uv.lock': package 'evil' {expected}")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        '{ registry = "https://pypi.org/simple" }',
+        '{ registry = "/opt/pypi/simple" }',  # the box's own index may be a folder: its files are pinned by hash
+        '{ git = "https://github.com/x/demo?rev=v1#0123abcd" }',
+        '{ git = "ssh://git@github.com/x/demo#0123abcd" }',
+        '{ url = "http://127.0.0.1:8000/demo-1.0.tar.gz" }',
+    ],
+)
+def test_a_lock_from_indexes_and_network_urls_is_taken(source: str) -> None:
+    assert parse_environment(lock_with(source)).kind == "lock"
+
+
+def test_what_uv_writes_for_local_sources_is_refused_and_the_project_itself_taken(tmp_path: Path) -> None:
+    """Locks made by this box's uv (offline; local sources need no index): the root project, whether a package
+    (``{ editable = "." }``) or not (``{ virtual = "." }``), is taken; each kind of local dependency is refused."""
+    uv = find_uv()
+    assert uv is not None, "uv is installed with deskpod"
+    for name in ("localdir", "localedit", "localgit"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pyproject.toml").write_text(
+            f'[project]\nname = "{name}"\nversion = "0.1"\n[build-system]\nrequires = ["setuptools"]\n'
+            'build-backend = "setuptools.build_meta"\n'
+        )
+    wheel = tmp_path / "localwheel-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("localwheel-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: localwheel\nVersion: 0.1\n")
+        z.writestr("localwheel-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("localwheel-0.1.dist-info/RECORD", "")
+    git = ["git", "-C", str(tmp_path / "localgit"), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    dependencies = {
+        "": ("", ""),
+        "localdir": ("localdir", 'localdir = { path = "../localdir" }'),
+        "localedit": ("localedit", 'localedit = { path = "../localedit", editable = true }'),
+        "localwheel": ("localwheel", f'localwheel = {{ path = "../{wheel.name}" }}'),
+        "localgit": ("localgit", f'localgit = {{ git = "{(tmp_path / "localgit").as_uri()}" }}'),
+    }
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+           "UV_OFFLINE": "1", "UV_NO_CONFIG": "1"}  # fmt: skip
+    seen: dict[tuple[str, bool], str] = {}
+    for dep, (name, source) in dependencies.items():
+        for package in (False, True):
+            project = tmp_path / f"p-{dep or 'none'}-{package}"
+            project.mkdir()
+            pyproject = (f'[project]\nname = "Demo_Project"\nversion = "0.1"\nrequires-python = ">=3.10"\n'
+                         f"dependencies = {json.dumps([name] if name else [])}\n"
+                         + ('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+                            if package else "")
+                         + (f"[tool.uv.sources]\n{source}\n" if source else ""))  # fmt: skip
+            (project / "pyproject.toml").write_text(pyproject)
+            done = subprocess.run([uv, "lock", "--python", sys.executable], cwd=project, env=env, capture_output=True,
+                                  text=True)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            lock = (project / "uv.lock").read_text()
+            assert f'source = {{ {"editable" if package else "virtual"} = "." }}' in lock  # what uv writes for it
+            table = {"lock": {"file": "uv.lock", "text": lock}, "pyproject": {"file": "pyproject.toml",
+                                                                              "text": pyproject}}  # fmt: skip
+            if not dep:
+                assert parse_environment(table).kind == "lock"
+                continue
+            seen[(dep, package)] = refused(table)
+    for (dep, _), message in seen.items():
+        kind = {"localdir": "a local directory", "localedit": "a local editable", "localwheel": "a local path",
+                "localgit": "git"}[dep]  # fmt: skip
+        assert message.startswith(f"job spec: environment.lock 'uv.lock': package '{dep}' comes from {kind}"), message
+
+
 @pytest.mark.parametrize(
     ("table", "expected"),
     [
@@ -103,6 +299,7 @@ def test_an_image_is_a_reference() -> None:
         ({"packages": []}, "environment.packages = [] is not valid"),
         ({"packages": ["six==="]}, "job spec: environment.packages: 'six===' is not a valid requirement"),
         ({"packages": ["x @ file:///tmp/x.whl"]}, "points at a local file"),
+        ({"packages": ["evil @ /home/alice/evil"]}, "points at a local file or folder"),
         ({"packages": ["six"], "python": 3.11}, 'environment.python = 3.11 is not valid; quote the version: python = "3.11"'),
         ({"packages": ["six"], "python": "3"}, "environment.python = '3' is not valid; expected a Python 3 version"),
         ({"packages": ["six"], "python": "2.7"}, "environment.python = '2.7' is not valid"),
