@@ -34,7 +34,7 @@ from typing import Any
 
 from deskpod.envs import images
 from deskpod.envs.accounts import Account, as_account, current_account
-from deskpod.envs.cache import EnvCache
+from deskpod.envs.cache import EnvCache, account_root
 from deskpod.envs.definition import EnvDefinition
 from deskpod.envs.python import resolve_python
 from deskpod.envs.sandbox import Walls, gpu_device_nodes, sandbox_argv
@@ -175,8 +175,9 @@ class Isolation:
         build runs the account's code; the daemon's own jobs use the top of the cache."""
         if account is None:
             return self.envs
-        root = prepare_owned_dir(self.envs.root / "users" / account.name, account)
-        return EnvCache(root, sources=self.envs.sources, installer=self.envs.installer)
+        prepare_owned_dir(account_root(self.envs.root, account.name), account)
+        return EnvCache.for_account(self.envs.root, account.name, sources=self.envs.sources,
+                                    installer=self.envs.installer)  # fmt: skip
 
     def prepare(
         self,
@@ -253,7 +254,11 @@ class Isolation:
                 building = True
                 record = folder / "environment.json"
                 write_no_follow(record, json.dumps(venv.to_json()).encode())
-                plan["build"] = self.build_argv(cache, record, folder / "env-build.log")
+                plan["build"] = [
+                    *self.build_argv(cache, record, folder / "env-build.log"),
+                    "--python",
+                    str(interp.path),
+                ]
                 plan["build_env"] = self.build_env(env, home)
                 notes.append(f"building environment {key[:12]} ({describe(venv)}) as "
                              f"{who.name}; log: env-build.log")  # fmt: skip

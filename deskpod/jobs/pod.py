@@ -459,6 +459,8 @@ class Pod:
         files = self._files(job)
         prep: Prepared | None = None
         try:
+            if job.spec.refused is not None:
+                raise ConfigError(f"its spec is no longer accepted ({job.spec.refused}); submit it again")
             argv = self._argv(job, files.folder)
             limits = self.confinement.limits(devices) if self.confinement is not None else None
             env = self._env(job, devices, port, pinned=limits is not None and limits.cpus is not None)

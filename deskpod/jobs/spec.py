@@ -135,6 +135,8 @@ class JobSpec:
     """How the job goes to Slurm (`SLURM_FIELDS`, defaults filled in); ignored by a local pod."""
     environment: EnvDefinition | None = None
     """The job's own software environment (`deskpod.envs`); None: the daemon's own Python."""
+    refused: str | None = None
+    """Why a spec the store kept is no longer accepted (`stored_spec`): such a job is listed, never run."""
 
     @property
     def kind(self) -> str:
@@ -312,6 +314,19 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         slurm=_slurm(data["slurm"]) if "slurm" in data else {},
         environment=_environment(data.get("environment"), train is not None or serve is not None),
     )
+
+
+def stored_spec(data: object) -> JobSpec:
+    """A spec as the store keeps it, validated again. One that was accepted when it was stored but that today's
+    rules refuse (a loader variable in its ``env``, an environment from a local path) is kept for listings
+    without its ``env`` and ``environment``, with `JobSpec.refused` saying why: it never runs."""
+    try:
+        return parse_spec(data)
+    except ConfigError as e:
+        if not isinstance(data, Mapping) or not {"env", "environment"} & set(data):
+            raise
+        kept = parse_spec({k: v for k, v in data.items() if k not in ("env", "environment")})
+        return JobSpec(**{**{f: getattr(kept, f) for f in kept.__dataclass_fields__}, "refused": str(e)})
 
 
 def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deskpod.jobs.spec import JobSpec, parse_spec
+from deskpod.jobs.spec import JobSpec, stored_spec
 from deskpod.jobs.states import FINAL, JobState, check
 
 SCHEMA = """
@@ -132,7 +132,7 @@ def _record(row: sqlite3.Row) -> JobRecord:
         id=row["id"],
         user=row["user"],
         name=row["name"],
-        spec=parse_spec(json.loads(row["spec"])),
+        spec=stored_spec(json.loads(row["spec"])),
         priority=row["priority"],
         devices=row["devices"],
         placement=row["placement"],

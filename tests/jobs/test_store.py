@@ -111,3 +111,29 @@ def test_queue_delta_names_the_jobs_whose_scheduler_fields_changed(tmp_path: Pat
     view, changed = store.queue_delta()
     assert changed == {a, d} and list(view) == [b, c, d] and view[b][5] == "needs 2 GPUs"
     assert store.queue_delta()[1] == set()
+
+
+def test_a_stored_spec_that_todays_rules_refuse_is_listed_and_never_runs(tmp_path: Path) -> None:
+    """A job stored before the loader's variables and local environment sources were refused still lists, without
+    them, saying why; the pod fails it at start instead of running it."""
+    import json
+    import sqlite3
+
+    from deskpod.hardware.placement import Unplaceable
+    from deskpod.jobs.pod import Pod, PodConfig
+
+    store = _store(tmp_path)
+    job = store.submit("alice", parse_spec({"name": "old", "command": ["true"], "env": {"SEED": "1"}}), 1, 1.0)
+    old = {"name": "old", "command": ["true"], "env": {"LD_PRELOAD": "/home/alice/evil.so", "SEED": "1"}}
+    with sqlite3.connect(tmp_path / "pod.db") as db:  # what an older pod accepted
+        db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(old), job.id))
+    got = store.job(job.id)
+    assert got is not None and got.spec.refused is not None and "LD_PRELOAD" in got.spec.refused
+    assert got.spec.env == {} and [j.id for j in store.jobs()] == [job.id]
+    never = Unplaceable("the test starts the job itself", ever=False)
+    pod = Pod(PodConfig(home=tmp_path / "home"), store, device_count=1, device_kind="cpu", place=lambda *_: never)
+    pod._launch(job.id, (0,), "test")
+    ended = store.job(job.id)
+    assert ended is not None and ended.state is JobState.FAILED
+    assert "its spec is no longer accepted" in ended.reason and "LD_PRELOAD" in ended.reason
+    assert not (tmp_path / "home" / "jobs" / str(job.id) / "output.log").exists()  # nothing ran
