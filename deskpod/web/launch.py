@@ -387,7 +387,7 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
     from deskpod.jobs.spec import parse_spec
 
     try:
-        parse_spec(spec, device_count=web.pod.device_count)  # the job spec's own limits (a name of 64 characters)
+        parse_spec(spec, device_count=web.pod.device_count)  # the job spec's own limits (a name of NAME_MAX characters)
     except ConfigError as e:
         field = next((f for f in TRAIN_FIELDS if str(e).startswith(f"job spec: {f} ")), None)
         if field:

@@ -54,7 +54,7 @@ from deskpod.jobs.api import status_of
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.serve.images import ImagePreprocess, prepared_image
-from deskpod.train.runs import RunPaths, has_checkpoint
+from deskpod.train.runs import NAME_MAX, RunPaths, has_checkpoint
 from deskpod.web import render
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
@@ -331,7 +331,7 @@ def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | N
         return None, errors
     name = train.name
     spec = {
-        "name": f"serve-{name}"[:64],
+        "name": f"serve-{name}"[:NAME_MAX],
         "devices": devices,
         "serve": {"run": str(run), "model": name, "format": fmt, "max_batch_size": batch,
                   "image_input": fields.get("image_input") == "true", "grpc": fields.get("grpc") == "true"},

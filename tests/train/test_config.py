@@ -74,3 +74,22 @@ def test_round_trip(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text(dump_config(cfg))
     assert load_config(tmp_path / "c.toml") == cfg
     assert isinstance(cfg, TrainConfig)
+
+
+def test_one_name_limit_for_runs_jobs_and_scripts() -> None:
+    """A run is named after its pod job: the trainer, the job spec and ``deskpod run`` take the same names."""
+    from deskpod.jobs.spec import parse_spec
+    from deskpod.train.runs import NAME_MAX, NAME_RE, default_run_name
+    from deskpod.train.script import default_name
+
+    longest, over = "r" * NAME_MAX, "r" * (NAME_MAX + 1)
+    assert build_config(None, {"name": longest}).name == longest
+    assert parse_spec({"name": longest, "train": {"model": "convnet"}}).name == longest
+    for refuse in (lambda: build_config(None, {"name": over}), lambda: parse_spec({"name": over, "command": ["x"]})):
+        with pytest.raises(ConfigError, match=f"1-{NAME_MAX} letters"):
+            refuse()
+    # names made up for a run nobody named are valid ones, however long the model, data or script
+    made = default_run_name("my.package.with_a_rather_long_module_name:build_the_model_" + "x" * 60,
+                            "imagefolder:/data/" + "y" * 80)  # fmt: skip
+    assert NAME_RE.match(made) and len(made) <= NAME_MAX, made
+    assert NAME_RE.match(default_name(["/tmp/" + "s" * 100 + ".py"]))
