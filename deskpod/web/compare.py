@@ -104,11 +104,10 @@ def config_diff(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any], int]:
     """The Compare page's data and its HTTP status (400 with ``error`` for a bad id list)."""
     owner = who.owner_filter()
-    picker = [
+    picker = [  # the newest training runs, however many jobs of other kinds came after them
         {"id": str(j.id), "name": j.name, "user": j.user, "state": j.state.value, "submitted_at": j.submitted_at}
-        for j in web.store.jobs(user=owner, limit=1000)
-        if j.spec.train is not None
-    ][:PICKER_JOBS]
+        for j in web.store.jobs(user=owner, kind="train", limit=PICKER_JOBS)
+    ]
     data: dict[str, Any] = {"jobs": jobs or "", "picker": picker, "runs": [], "charts": [], "diff": None}
     data["final_keys"] = [{"key": k, "label": label} for k, label in FINAL_KEYS]
     if not jobs:

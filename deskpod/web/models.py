@@ -27,8 +27,9 @@ its true label.
     POST /ui/models/<id>/try      predict: top-5 and latency (JSON with Accept: application/json)
 
 Only a deployment's owner (or an admin) sees, tries or stops it; anyone else gets a 404, as for a job that
-does not exist. The list shows every queued or active deployment and the latest stopped ones among the
-newest `SCAN_JOBS` jobs, so it costs the same with 10,000 jobs in the store.
+does not exist. The list shows every queued or active deployment and the latest `STOPPED_SHOWN` stopped ones,
+and the Deploy form the runs with a checkpoint among the newest `SCAN_RUNS` training jobs: the store selects jobs
+by kind, so any number of other jobs after them hides none, and the page costs the same with 10,000 jobs.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
 
 Signed = Annotated[Viewer, Depends(viewer)]
 
-SCAN_JOBS = 500
-"""How many of the newest jobs are looked through for stopped deployments and for runs to deploy."""
+SCAN_RUNS = 500
+"""How many of the newest training jobs are looked through for runs to deploy (those with a checkpoint)."""
 STOPPED_SHOWN = 20
 MAX_UPLOAD_BYTES = 10 << 20
 """The largest image accepted for "try it"."""
@@ -256,18 +257,20 @@ def serve_job(web: Any, who: Viewer, job_id: str) -> JobRecord:
 
 
 def deployments(web: Any, who: Viewer) -> list[dict[str, Any]]:
+    """Every queued or active deployment, and the latest stopped ones (the store picks serve jobs by kind, so
+    any number of other jobs after them hides none)."""
     owner = who.owner_filter()
-    active = [j for j in web.store.jobs(user=owner, states=ACTIVE, limit=SCAN_JOBS) if j.spec.serve is not None]
-    stopped = [
-        j for j in web.store.jobs(user=owner, limit=SCAN_JOBS) if j.spec.serve is not None and j.state not in ACTIVE
-    ][:STOPPED_SHOWN]
+    active = web.store.jobs(user=owner, states=ACTIVE, kind="serve", limit=10_000)
+    stopped = web.store.jobs(user=owner, states=[s for s in JobState if s not in ACTIVE], kind="serve",
+                             limit=STOPPED_SHOWN)  # fmt: skip
     return [deployment(web, who, j) for j in sorted(active + stopped, key=lambda j: -j.id)]
 
 
 def deployable(web: Any, who: Viewer) -> list[dict[str, Any]]:
-    """The viewer's train jobs (an admin's: anyone's) whose run has a checkpoint, newest first."""
+    """The viewer's train jobs (an admin's: anyone's) whose run has a checkpoint, newest first, among their newest
+    `SCAN_RUNS` training jobs."""
     out = []
-    for j in web.store.jobs(user=who.owner_filter(), limit=SCAN_JOBS):
+    for j in web.store.jobs(user=who.owner_filter(), kind="train", limit=SCAN_RUNS):
         run = web.run_dir(j)
         if run is not None and has_checkpoint(run):
             out.append({"id": str(j.id), "name": j.name, "user": j.user, "state": j.state.value, "run": str(run)})
