@@ -187,7 +187,7 @@ def register(app: FastAPI, web: Any) -> None:
         nxt = safe_next(fields["next"]) if fields.get("next") else f"{ROOT}/jobs"
         if action == "cancel" and fields.get("confirmed") != "1" and not render.wants_json(request):
             jobs = [web.job(who, i).to_json() for i in dict.fromkeys(ids)]  # a foreign id: 404, as everywhere
-            data = {"jobs": jobs, "action": "cancel"}
+            data: dict[str, Any] = {"jobs": jobs, "action": "cancel"}
             return render.page(request, "confirm.html", data, who, title=f"Cancel {len(jobs)} jobs?",
                                extra={"next": nxt})  # fmt: skip
         done, errors = await run_in_threadpool(bulk_action, web, who, action, ids)
@@ -195,7 +195,7 @@ def register(app: FastAPI, web: Any) -> None:
             return JSONResponse({"done": done, "errors": errors}, status_code=200 if done or not errors else 400)
         if not errors:
             return RedirectResponse(nxt, status_code=303)
-        data: dict[str, Any] = {"action": action, "done": done, "errors": errors}
+        data = {"action": action, "done": done, "errors": errors}
         return render.page(request, "bulk.html", data, who, title=f"{action.capitalize()} jobs", extra={"next": nxt},
                            status=200 if done else 400)  # fmt: skip
 
