@@ -148,6 +148,8 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
                       cfg.loader_workers)  # fmt: skip
     task = load_task(cfg.task, cfg.task_options)
     data = describe(req, env.fashion_mnist_dir) if task is None else task.describe(req)
+    if task is None:
+        cfg = imposed_by_data(cfg, data)
     n = len(devices) * nodes
     if cfg.global_batch_size:
         if cfg.global_batch_size % (n * cfg.grad_accum):
@@ -168,6 +170,21 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
         raise ConfigError("sync_batchnorm = true needs GPUs (PyTorch's SyncBatchNorm runs only on CUDA devices)")
     _check_model(cfg, data, run_dir if resume else None, task)
     return Plan(cfg, run_dir, devices, kind, data, per_device, resume, world, cpu_pins)
+
+
+def imposed_by_data(cfg: TrainConfig, data: DataSpec) -> TrainConfig:
+    """``cfg`` with what its dataset imposes, so that the resolved ``config.toml`` says what the run used: the
+    classes it has (Fashion-MNIST's 10, an image folder's class folders; ``num_classes`` counts only for synthetic
+    data) and the side of its images when they are square and a valid ``image_size`` (Fashion-MNIST's 28, not the
+    default crop of 224 that only image folders use)."""
+    h, w = data.image_size
+    changes: dict[str, Any] = {"num_classes": data.num_classes}
+    if h == w and h != cfg.image_size:
+        changes["image_size"] = h
+    try:
+        return build_config(None, {**cfg.to_dict(), **changes})
+    except ConfigError:  # a side image_size cannot hold (tiny synthetic images): keep the classes alone
+        return build_config(None, {**cfg.to_dict(), "num_classes": data.num_classes})
 
 
 def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None, task: Task | None) -> None:

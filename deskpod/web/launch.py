@@ -39,6 +39,7 @@ from deskpod.envs.accounts import may_read
 from deskpod.errors import ConfigError, DataError, DeskpodError, UsageError
 from deskpod.web import datasets, networks, render
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+from deskpod.web.terminal import deskpod_line
 
 Signed = Annotated[Viewer, Depends(viewer)]
 
@@ -179,7 +180,13 @@ def _typed_default(key: str) -> Any:
 
 
 def cli_line(spec: Mapping[str, Any]) -> str:
-    """``deskpod train --submit ...`` with the flags that queue exactly ``spec``."""
+    """``deskpod train --submit ...`` with the flags that queue exactly ``spec`` (`cli_argv`)."""
+    return shlex.join(cli_argv(spec))
+
+
+def cli_argv(spec: Mapping[str, Any]) -> list[str]:
+    """The argv of ``deskpod train --submit ...`` that queues exactly ``spec``; the page shows it as a line that names
+    the pod (`deskpod.web.terminal.deskpod_line`)."""
     t = spec["train"]
     argv = ["deskpod", "train", "--submit", "--model", t["model"], "--data", t["data"]]
     argv += ["--steps", str(t["steps"])] if "steps" in t else ["--epochs", str(t["epochs"])]
@@ -190,7 +197,7 @@ def cli_line(spec: Mapping[str, Any]) -> str:
         argv += ["--devices", str(spec["devices"])]
     if "name" in spec:
         argv += ["--name", spec["name"]]
-    return shlex.join(argv)
+    return argv
 
 
 def curl_line(spec: Mapping[str, Any], url: str) -> str:
@@ -395,7 +402,7 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
         else:
             out["error"] = str(e)
         return out
-    out.update(spec=spec, cli=cli_line(spec), curl=curl_line(spec, url))
+    out.update(spec=spec, cli=deskpod_line(web, cli_argv(spec)), curl=curl_line(spec, url))
     return out
 
 

@@ -57,6 +57,7 @@ from deskpod.jobs.store import JobRecord
 from deskpod.serve.images import ImagePreprocess, prepared_image
 from deskpod.train.runs import NAME_MAX, RunPaths, has_checkpoint
 from deskpod.web import render
+from deskpod.web.failures import failure
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
 
@@ -216,6 +217,9 @@ def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = T
         "metadata": None,
         "can_stop": job.state in ACTIVE and not job.stop_reason,
     }
+    if job.state is JobState.FAILED:  # why, as the serve job's deskpod said it; not just its exit code
+        row.update(status="failed", detail=failure(web, job) or job.reason or "failed")
+        return row
     if job.state not in ACTIVE:
         row.update(status="stopped", detail=job.reason if job.reason not in ("", job.state.value) else "not serving")
         return row

@@ -4,6 +4,7 @@ picker and its shareable URL, and bad id lists. The runs' folders are written by
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from contextlib import closing
 from pathlib import Path
@@ -45,7 +46,7 @@ def two_runs(web_pod: Pod, blocker: dict[str, Any]) -> tuple[dict[str, Any], dic
 
 
 def test_two_runs_overlaid_with_their_config_difference(
-    admin: httpx.Client, two_runs: tuple[dict[str, Any], dict[str, Any]]
+    web_pod: Pod, admin: httpx.Client, two_runs: tuple[dict[str, Any], dict[str, Any]]
 ) -> None:
     a, b = two_runs
     got = admin.get("/ui/compare.json", params={"jobs": f"{a['id']},{b['id']}"})
@@ -78,6 +79,13 @@ def test_two_runs_overlaid_with_their_config_difference(
     assert f"/ui/compare?jobs={a['id']},{b['id']}" in html  # the link to share
     assert 'id="chart-loss-train"' in html and "/static/compare.js" in html
     assert "87.5%" in html  # the final metrics from summary.json
+    assert data["tensorboard"] is None and 'id="tensorboard-command"' not in html  # no events yet
+
+    for job in (a, b):
+        (run_folder(web_pod, job) / "tb").mkdir(exist_ok=True)
+    both = admin.get("/ui/compare.json", params={"jobs": f"{a['id']},{b['id']}"}).json()["tensorboard"]
+    spec = ",".join(f"job{j['id']}:{run_folder(web_pod, j) / 'tb'}" for j in (a, b))
+    assert shlex.split(both) == ["tensorboard", "--logdir_spec", spec, "--host", "127.0.0.1", "--port", "6006"]
 
 
 def test_the_picker_lists_train_jobs_and_makes_a_shareable_url(

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -178,8 +181,8 @@ def test_preview_has_placement_ring_cli_and_curl(pod: Pod, admin: httpx.Client) 
     place = doc["placement"]
     assert len(place["devices"]) == 1 and set(place["devices"]) <= set(place["free"])
     assert place["ring"]["bandwidth"] == 0.0 and "no ring" in place["ring_text"]
-    assert doc["cli"] == ("deskpod train --submit --model convnet --data fashion-mnist --steps 60 --batch-size 32 "
-                          "--optimizer adamw --devices 1")  # fmt: skip
+    assert doc["cli"] == (f"DESKPOD_SOCKET={pod.home / 'pod.sock'} deskpod train --submit --model convnet "
+                          "--data fashion-mnist --steps 60 --batch-size 32 --optimizer adamw --devices 1")  # fmt: skip
     words = shlex.split(doc["curl"])
     assert words[:3] == ["curl", "-X", "POST"] and words[-1] == f"{pod.url}/v1/jobs"
     assert "Authorization: Bearer $DESKPOD_TOKEN" in words
@@ -232,7 +235,15 @@ def test_prediction_when_calibrated_and_a_plain_message_when_not(pod: Pod, admin
 
 
 # --------------------------------------------------------------------------- submitting
-def test_start_queues_the_job_the_cli_line_queues(pod: Pod, admin: httpx.Client) -> None:
+def pasted(line: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """``line`` run by a shell on this box as a user would paste it: ``deskpod`` on the PATH, and nothing in the
+    environment that says where a pod is (no DESKPOD_URL, DESKPOD_HOME, token file; a HOME of its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DESKPOD_")}
+    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}")
+    return subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_start_queues_the_job_the_cli_line_queues(pod: Pod, admin: httpx.Client, tmp_path: Path) -> None:
     choices = {**STEP3, "devices": "1", "lr": "0.05", "name": "from-the-page"}
     preview = admin.get("/ui/new/preview.json", params=choices).json()
     csrf = hidden(admin.get("/ui/new", params=choices).text, "csrf")
@@ -245,14 +256,13 @@ def test_start_queues_the_job_the_cli_line_queues(pod: Pod, admin: httpx.Client)
     assert page_job["kind"] == "train" and page_job["name"] == "from-the-page"
     assert page_job["spec"]["train"] == preview["spec"]["train"]
 
-    argv = shlex.split(preview["cli"])
-    done = pod.cli(*argv[1:])  # the very line the page shows, through `deskpod train --submit`
+    done = pasted(preview["cli"], tmp_path)  # the very line the page shows, pasted in a shell on the box
     assert done.returncode == 0, done.stderr
     cli_id = re.search(r"submitted job (\d+)", done.stdout)
     assert cli_id, done.stdout
     cli_job = pod.client().job(cli_id.group(1))
     _stop(pod, cli_job["id"])
-    assert cli_job["spec"] == page_job["spec"]
+    assert cli_job["spec"] == page_job["spec"] and cli_job["user"] == page_job["user"]
 
     words = shlex.split(preview["curl"])
     body = json.loads(words[words.index("-d") + 1])
@@ -354,7 +364,7 @@ def test_prediction_on_the_catalog_machine_the_pod_runs_as(tmp_path: Path) -> No
 def _fake_web(tmp_path: Path, place: Any, held: tuple[int, ...] = ()) -> Any:
     status = {"devices": [{"index": d, "job": "7" if d in held else None} for d in range(4)], "queued": 1}
     pod = SimpleNamespace(device_count=4, device_kind="cpu", status=lambda: status, place=place, topology=None,
-                          config=SimpleNamespace(machine=None))  # fmt: skip
+                          config=SimpleNamespace(machine=None, socket=None))  # fmt: skip
     return SimpleNamespace(pod=pod, home=tmp_path, cache={})
 
 

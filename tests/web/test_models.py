@@ -223,6 +223,49 @@ def test_deploy_bad_values_are_named_and_nothing_is_submitted(web_pod: Pod, admi
         api.cancel(job["id"])
 
 
+def test_a_failed_deployment_says_why(web_pod: Pod, admin: httpx.Client, tiny_run: Path) -> None:
+    """A deploy that cannot start (here: the run's only checkpoint is damaged) shows what its ``deskpod serve``
+    said, on the Models page and on the job's page, not only its exit code."""
+    api = web_pod.client()
+    train = api.submit({"name": "damaged", "devices": 1, "train": {"model": "mlp", "data": "imagefolder:/nowhere"}})
+    wait_state(api, train["id"], "failed", timeout=120)  # the trainer refuses the data: it said so too
+    job_page = admin.get(f"/ui/jobs/{train['id']}.json").json()
+    assert "imagefolder path '/nowhere' does not exist" in job_page["failure"]
+    run = web_pod.home / "jobs" / train["id"] / "runs" / "damaged"
+    (run / "checkpoints").mkdir(parents=True)
+    good = next((tiny_run / "checkpoints").iterdir())
+    (run / "checkpoints" / good.name).write_bytes(good.read_bytes()[:100])  # cut short: no zip directory
+    r = admin.post("/ui/models/deploy", data={"csrf": csrf_of(admin, "/ui/models"), "job": train["id"], "devices": "1",
+                                              "format": "onnx", "max_batch_size": "4"})  # fmt: skip
+    assert r.status_code == 303, r.text
+    job_id = r.headers["location"].rsplit("-", 1)[1]
+    done = wait_state(api, job_id, "failed", timeout=120)
+    assert done["reason"] == "exit code 2"  # all the pod itself knows
+    d = deployment_of(admin, job_id)
+    assert d is not None and d["status"] == "failed", d
+    said = f"run {run}: no loadable checkpoint in {run / 'checkpoints'}: checkpoint {run / 'checkpoints' / good.name} "
+    assert d["detail"].startswith(said) and "is corrupt and was not loaded" in d["detail"]
+    assert d["detail"] in admin.get("/ui/models").text.replace("&#39;", "'")
+    page = admin.get(f"/ui/jobs/{job_id}")
+    assert 'id="st-failure"' in page.text and admin.get(f"/ui/jobs/{job_id}.json").json()["failure"] == d["detail"]
+
+
+def test_a_job_cannot_make_the_page_read_a_file_through_its_log(
+    web_pod: Pod, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """A job that swaps its output.log for a link to a file it names gets no line of that file shown as its failure."""
+    secret = tmp_path / "secret"
+    secret.write_text("deskpod: the secret in a file the job links to\n")
+    code = ("import os, sys; log = os.path.join(os.environ['DESKPOD_JOB_DIR'], 'output.log'); os.remove(log); "
+            f"os.symlink({str(secret)!r}, log); sys.exit(2)")  # fmt: skip
+    api = web_pod.client()
+    job = api.submit({"name": "linker", "command": python_job(code), "devices": 1})
+    wait_state(api, job["id"], "failed", timeout=60)
+    assert (web_pod.home / "jobs" / job["id"] / "output.log").is_symlink()
+    doc = admin.get(f"/ui/jobs/{job['id']}.json").json()
+    assert doc["failure"] is None and 'id="st-failure"' not in admin.get(f"/ui/jobs/{job['id']}").text
+
+
 def test_deploy_of_a_run_you_may_not_see_is_404(web_pod: Pod, admin: httpx.Client) -> None:
     api = web_pod.client()
     job = api.submit({"name": "admins", "command": python_job("pass"), "devices": 1})
