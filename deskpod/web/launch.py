@@ -36,9 +36,9 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from deskpod.envs.accounts import may_read
-from deskpod.errors import ConfigError, DataError, DeskpodError, UsageError
+from deskpod.errors import ConfigError, ConflictError, DataError, DeskpodError, UsageError
 from deskpod.web import datasets, networks, render
-from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
 from deskpod.web.terminal import deskpod_line
 
 Signed = Annotated[Viewer, Depends(viewer)]
@@ -271,34 +271,73 @@ def _plan_precision(precision: str, kind: str, machine: str | None) -> str:
     return "bf16"
 
 
+def job_layout(web: Any, k: int) -> dict[str, Any]:
+    """How the trainer lays out a job of ``k`` of the pod's devices: workers × threads per worker, decided by the
+    trainer's own function (`deskpod.train.launcher.pod_job_devices`), so that the prediction assumes the layout
+    the job then runs (on a CPU box of one NUMA node, 2 slots are 1 worker of 2 threads, not 2 workers)."""
+    if web.pod.config.machine is not None:  # a catalog machine's GPUs: one worker each
+        return {"workers": k, "threads": None, "text": f"{k} worker{'s' if k != 1 else ''}, one per GPU"}
+    from deskpod.train.launcher import pod_job_devices
+
+    kind = web.pod.device_kind
+    devices = pod_job_devices(kind, range(k))
+    workers = len(devices)
+    if kind != "cpu":
+        return {
+            "workers": workers,
+            "threads": None,
+            "text": f"{workers} worker{'s' if workers != 1 else ''}, one per GPU",
+        }
+    threads = devices[0].threads
+    text = (f"{k} CPU slot{'s' if k != 1 else ''} run as {workers} worker{'s' if workers != 1 else ''} of "
+            f"{threads} thread{'s' if threads != 1 else ''}")  # fmt: skip
+    return {"workers": workers, "threads": threads, "text": text}
+
+
 def prediction(
     web: Any, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The plan's time for this job on this box: calibrated (machine ``local``), or the catalog machine the pod
-    runs as; otherwise a plain "not calibrated" and how to calibrate, with no number."""
+    runs as; otherwise a plain "not calibrated" and how to calibrate (a calibration job, `deskpod.web.calibration`),
+    with no number. The plan assumes the workers and threads the trainer will run (`job_layout`)."""
     from deskpod.plan import local
     from deskpod.plan.predict import predict_plan
     from deskpod.plan.workload import Workload
+    from deskpod.web import calibration
 
     k = len(values["indices"])
+    machine = web.pod.config.machine
+    out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": [],
+                           "layout": None, "calibration_job": None, "can_calibrate": False}  # fmt: skip
+    try:
+        layout = out["layout"] = job_layout(web, k)
+    except DeskpodError as e:
+        out["message"] = f"No prediction: {e}."
+        return out
+    workers = int(layout["workers"])
     batch = int(values["batch_size"])
     steps = int(values["steps"] or 0)
-    epochs = steps * batch * k / summary["train_size"] if steps else float(values["epochs"])
-    machine = web.pod.config.machine
-    out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": []}
+    epochs = steps * batch * workers / summary["train_size"] if steps else float(values["epochs"])
     home = Path(web.home).resolve()
     factors = None
     if machine is None:
+        if not local.calibration_path(home).exists():
+            out["calibration_job"] = calibration.collect(web)  # a finished calibration job's fit is stored here
         try:
             cal = local.load(home)
         except UsageError as e:
-            where = f"DESKPOD_HOME={shlex.quote(str(home))} "
-            out["message"] = (
-                f"This box is not calibrated, so there is no predicted time. Calibrate it with: "
-                f"{where}deskpod plan calibrate. {CALIBRATE_HELP}."
-                if not local.calibration_path(home).exists()
-                else f"No predicted time: {e}."  # a damaged file: its own message
-            )
+            job = out["calibration_job"]
+            out["can_calibrate"] = job is None or job["state"] not in ("queued", "starting", "building", "running")
+            if job is not None:
+                out["message"] = job["message"]
+            elif local.calibration_path(home).exists():
+                out["message"] = f"No predicted time: {e}."  # a damaged file: its own message
+            else:
+                out["message"] = (
+                    "This box is not calibrated, so there is no predicted time. Calibrate it with the button below "
+                    f"(a job on every device of the pod), or as the pod's admin with: "
+                    f"DESKPOD_HOME={shlex.quote(str(home))} deskpod plan calibrate. {CALIBRATE_HELP}."
+                )
             return out
         factors, kind, out["when"] = cal.factors, cal.measurements.kind, cal.when
     else:
@@ -312,12 +351,13 @@ def prediction(
             dataset_images=int(summary["train_size"]), epochs=epochs,
             data="real" if summary["kind"] == "imagefolder" else "synthetic",  # in-memory data decodes nothing
         )  # fmt: skip
-        plan = predict_plan(w, machine or local.LOCAL, devices_per_node=k, factors=factors, home=home)
+        plan = predict_plan(w, machine or local.LOCAL, devices_per_node=workers, factors=factors, home=home,
+                            threads=layout["threads"])  # fmt: skip
     except UsageError as e:
         out["message"] = f"No prediction: {e}."
         return out
     out.update(
-        calibrated=True, precision=precision, epochs=epochs, global_batch=batch * k,
+        calibrated=True, precision=precision, epochs=epochs, global_batch=batch * workers,
         time_to_train_s=plan.time_to_train_s, images_per_s=plan.images_per_s, step_s=plan.step_s,
         compute_s=plan.compute_s, comm_s=plan.exposed_comm_s, scaling_efficiency=plan.scaling_efficiency,
     )  # fmt: skip
@@ -329,7 +369,7 @@ def prediction(
     where = f"machine {machine} (the pod runs as it)" if machine else f"this box as calibrated on {cal.when}"
     out["message"] = (
         f"{render.number(epochs)} epoch{'s' if epochs != 1 else ''} of {summary['train_size']:,} images at "
-        f"{precision}, {k} device{'s' if k != 1 else ''} × {batch}: the plan for {where}. Starting the workers "
+        f"{precision}, {layout['text']} × batch {batch}: the plan for {where}. Starting the workers "
         "and loading the data come on top."
     )
     return out
@@ -530,6 +570,19 @@ def register(app: FastAPI, web: Any) -> None:
         if render.wants_json(request):
             return JSONResponse(job.to_json(), status_code=201)
         return RedirectResponse(f"{ROOT}/jobs/{job.id}", status_code=303)
+
+    @app.post("/new/calibrate")
+    async def calibrate(request: Request, who: Signed) -> Response:
+        """Queue this box's calibration job (`deskpod.web.calibration`), then back to the page it was asked from."""
+        from deskpod.web import calibration
+
+        fields = await form_csrf(request, who)
+        if web.pod.config.machine is not None:
+            raise ConflictError(f"this pod predicts for machine {web.pod.config.machine}; it needs no calibration")
+        job = await run_in_threadpool(calibration.start, web, who)
+        if render.wants_json(request):
+            return JSONResponse(job.to_json(), status_code=201)
+        return RedirectResponse(safe_next(fields.get("next")), status_code=303)
 
     @app.get("/datasets/samples.png")
     def samples_png(

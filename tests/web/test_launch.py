@@ -9,6 +9,8 @@ import re
 import shlex
 import subprocess
 import sys
+from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,8 +30,8 @@ from deskpod.plan.workload import Workload
 from deskpod.train.config import build_config
 from deskpod.web import launch
 from deskpod.web.networks import count, model_cost
-from tests.jobs.pods import Pod, wait_for, wait_state
-from tests.web.browser import hidden, launch_chromium, open_signed_in
+from tests.jobs.pods import Pod, Pods, wait_for, wait_state
+from tests.web.browser import csrf_of, hidden, launch_chromium, open_signed_in, sign_in
 
 STEP3 = {"data": "fashion-mnist", "model": "convnet", "steps": "60", "batch_size": "32"}
 
@@ -228,10 +230,102 @@ def test_prediction_when_calibrated_and_a_plain_message_when_not(pod: Pod, admin
         assert [r[0] for r in got["rows"]] == ["Time to train", "Images/s", "Step time"]
         slower = admin.get("/ui/new/preview.json", params={**query, "steps": "600"}).json()["prediction"]
         assert slower["time_to_train_s"] == pytest.approx(10 * got["time_to_train_s"], rel=1e-9)
+        # every device: the plan is for the workers and threads the trainer will run, not one worker per slot
+        every = admin.get("/ui/new/preview.json", params={**query, "devices": "all"}).json()["prediction"]
+        layout = every["layout"]
+        w = Workload(model_cost(counted, (1, 28, 28)), batch=32, precision="fp32", dataset_images=60_000,
+                     epochs=60 * 32 * layout["workers"] / 60_000, data="synthetic")  # fmt: skip
+        plan = predict_plan(w, "local", devices_per_node=layout["workers"], factors=cal.factors, home=pod.home,
+                            threads=layout["threads"])  # fmt: skip
+        assert every["images_per_s"] == pytest.approx(plan.images_per_s, rel=1e-9)
+        assert every["global_batch"] == 32 * layout["workers"] and layout["text"] in every["message"]
         shown = admin.get("/ui/new", params=query).text
         assert "Time to train" in shown and "not calibrated" not in shown
     finally:
         cal_file.unlink()
+
+
+def test_the_predicted_layout_is_the_one_the_trainer_runs(pod: Pod, admin: httpx.Client) -> None:
+    """The preview's workers × threads for a job are what its trainer then starts (its run's launch.json)."""
+    api = pod.client()
+    for devices in ("1", "all"):
+        wait_for(lambda: all(d["job"] is None for d in api.status()["devices"]), 60, "every device to be free")
+        choices = {**STEP3, "devices": devices, "name": f"layout-{devices}"}
+        layout = admin.get("/ui/new/preview.json", params=choices).json()["prediction"]["layout"]
+        r = admin.post("/ui/new", data={**choices, "csrf": csrf_of(admin, "/ui/new"), "action": "start"},
+                       headers={"Accept": "application/json"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        job = r.json()
+        launched = pod.home / "jobs" / job["id"] / "runs" / job["name"] / "launch.json"
+        try:
+            wait_for(launched.is_file, 120, f"job {job['id']} to write its launch.json")
+            ran = json.loads(launched.read_text())
+        finally:
+            _stop(pod, job["id"])
+        assert (len(ran["devices"]), ran["threads"]) == (layout["workers"], layout["threads"]), (devices, layout)
+
+
+def test_a_calibration_job_fits_the_measurements_not_the_file(tmp_path: Path) -> None:
+    """The calibration job's file is its user's: the pod takes the measured figures from it and fits them itself."""
+    from deskpod.jobs.spec import parse_spec
+    from deskpod.jobs.states import JobState
+    from deskpod.jobs.store import Store
+    from deskpod.plan.local import Calibration, calibration_path, load
+    from deskpod.web import calibration
+
+    store = Store(tmp_path / "pod.db")
+    store.add_user("ann", False)
+    job = store.submit("ann", parse_spec(calibration.job_spec()), 1, 0.0)
+    for state in (JobState.STARTING, JobState.RUNNING, JobState.SUCCEEDED):
+        store.transition(job.id, state, "by the test")
+    folder = tmp_path / "jobs" / str(job.id)
+    folder.mkdir(parents=True)
+    web = SimpleNamespace(home=tmp_path, store=store, pod=SimpleNamespace(job_folder=lambda j: folder))
+    assert calibration.collect(web) is None  # nothing awaited
+    calibration._remember(web, store.job(job.id))
+    topology = local_topology()
+    measured = Measurements(kind="cpu", devices=topology.device_count, cores=2, peak_tflops=0.1,
+                            memory_bandwidth_gbs=20.0, model="resnet18", batch=8, shape=(3, 112, 112),
+                            images_per_s=30.0 * topology.device_count, comm_busbw_gbs=2.0)  # fmt: skip
+    honest = fit_local(measured, topology)
+    forged = Calibration(measured, replace(honest.factors, cpu_compute_efficiency=1e6), 1.0, honest.when)
+    (folder / "local.json").symlink_to(tmp_path / "elsewhere.json")  # a link is not read
+    (tmp_path / "elsewhere.json").write_text(forged.to_json())
+    assert "left no calibration" in calibration.collect(web)["message"]  # type: ignore[index]
+    assert not calibration_path(tmp_path).exists()
+    (folder / "local.json").unlink()
+    (folder / "local.json").write_text(forged.to_json())
+    assert calibration.collect(web) is None
+    assert load(tmp_path).factors == honest.factors and calibration.waiting_job(web) is None
+
+
+@pytest.mark.slow
+def test_the_page_calibrates_the_box_in_the_background(tmp_path: Path) -> None:
+    """A fresh pod has no calibration: the page offers a calibration job, says while it runs, then predicts."""
+    pods = Pods(tmp_path)
+    pod = pods()
+    try:
+        with closing(sign_in(pod)) as c:
+            query = {**STEP3, "devices": "1"}
+            before = c.get("/ui/new/preview.json", params=query).json()["prediction"]
+            assert before["calibrated"] is False and before["can_calibrate"] and before["calibration_job"] is None
+            assert 'id="calibrate-form" hidden' not in c.get("/ui/new", params=query).text
+            token = csrf_of(c, "/ui/new")
+            r = c.post("/ui/new/calibrate", data={"csrf": token, "next": "/ui/new?data=fashion-mnist"})
+            assert r.status_code == 303 and r.headers["location"] == "/ui/new?data=fashion-mnist"
+            job = pod.client().jobs(name="calibrate")[0]
+            again = c.post("/ui/new/calibrate", data={"csrf": token}, headers={"Accept": "application/json"})
+            assert again.status_code == 201 and again.json()["id"] == job["id"]  # one at a time
+            waiting = c.get("/ui/new/preview.json", params=query).json()["prediction"]
+            assert waiting["calibration_job"]["job"] == job["id"] and not waiting["can_calibrate"]
+            assert f"Calibration job {job['id']}" in waiting["message"]
+            wait_state(pod.client(), job["id"], "succeeded", timeout=600)
+            after = c.get("/ui/new/preview.json", params=query).json()["prediction"]
+            assert after["calibrated"] is True and after["rows"][0][0] == "Time to train", after
+            assert (pod.home / "plan" / "local.json").is_file()
+            assert 'id="calibrate-form" hidden' in c.get("/ui/new", params=query).text
+    finally:
+        pods.stop_all()
 
 
 # --------------------------------------------------------------------------- submitting
