@@ -531,7 +531,8 @@ def test_the_preview_follows_the_fields_in_chromium(pod: Pod) -> None:
             page.get_by_label("Steps").fill("60")
             batch.fill("16")
             expect(page.locator("#pv-cli")).to_have_text(
-                "deskpod train --submit --model convnet --data fashion-mnist --steps 60 --batch-size 16"
+                f"DESKPOD_SOCKET={pod.home / 'pod.sock'} deskpod train --submit --model convnet --data fashion-mnist "
+                "--steps 60 --batch-size 16"
             )
             expect(batch).not_to_have_attribute("aria-invalid", "true")
             assert "steps=60" in page.url and "batch_size=16" in page.url  # a reload keeps the form

@@ -11,6 +11,9 @@ import io
 import json
 import os
 import re
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +28,7 @@ from PIL import Image
 from deskpod.errors import ConfigError, ConflictError, NotFoundError
 from deskpod.jobs.states import JobState
 from deskpod.web import images, models, render
-from tests.jobs.pods import SLEEPER, Pod, python_job, wait_for, wait_state
+from tests.jobs.pods import SLEEPER, Pod, free_port, python_job, wait_for, wait_state
 from tests.serve.test_deploy import LABELS, make_run
 from tests.web.browser import csrf_of, new_user, sign_in
 
@@ -384,6 +387,31 @@ def test_stopped_deployment_is_listed_as_stopped(web_pod: Pod, admin: httpx.Clie
     assert "This deployment is not serving" in admin.get(f"/ui/models/{job_id}/try").text
 
 
+def assert_tensorboard_serves(line: str, tag: str) -> None:
+    """Run the page's TensorBoard line for real (on a free port instead of 6006) and find the run's ``tag``."""
+    argv = shlex.split(line)
+    assert argv[0] == "tensorboard" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    port = free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "tensorboard"), *argv[1:]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+
+        def tags() -> dict[str, Any] | None:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5, trust_env=False)
+            except httpx.HTTPError:
+                return None
+            doc = r.json() if r.status_code == 200 else {}
+            return doc if any(tag in t for t in doc.values()) else None
+
+        found = wait_for(tags, 120, f"TensorBoard to serve the run's {tag}")
+        assert isinstance(found, dict)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.slow
 def test_train_deploy_try_stop(web_pod: Pod, admin: httpx.Client) -> None:
     """The whole flow on a real (5-step) Fashion-MNIST training: deploy it through the form, try it, stop it."""
@@ -391,6 +419,10 @@ def test_train_deploy_try_stop(web_pod: Pod, admin: httpx.Client) -> None:
     train = {"model": "mlp", "data": "fashion-mnist", "steps": 5, "batch_size": 32, "log_every_steps": 1}
     train_id = str(api.submit({"name": "fm", "devices": 1, "train": train})["id"])
     wait_state(api, train_id, "succeeded", timeout=240)
+    run_page = admin.get(f"/ui/jobs/{train_id}.json").json()
+    config = run_page["config"]["values"]  # what the trainer used, not the defaults Fashion-MNIST ignores
+    assert config["data"] == "fashion-mnist" and (config["num_classes"], config["image_size"]) == (10, 28)
+    assert_tensorboard_serves(run_page["commands"]["tensorboard"], "train/loss")
     page = admin.get("/ui/models")
     assert f'<option value="{train_id}"' in page.text
     r = admin.post("/ui/models/deploy", data={"csrf": csrf_of(admin, "/ui/models"), "job": train_id, **BAD_DEPLOY})
