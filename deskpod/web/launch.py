@@ -6,8 +6,12 @@
     /ui/new?data=D               2. D's summary (classes, counts, sample images) and the networks, counted for D
     /ui/new?data=D&model=M&...   3. the training form, with what the job would get before it is queued:
                                     the placement the scheduler picks on the devices free now and its ring
-                                    bandwidth, the plan's predicted time on this box, and the same job as a
-                                    ``deskpod train --submit`` line and as an API call
+                                    bandwidth, the workers × threads the trainer will run it as and the plan's
+                                    predicted time for them on this box, and the same job as a
+                                    ``deskpod train --submit`` line (naming the pod's socket: it works pasted
+                                    on the box) and as an API call
+    POST /ui/new/calibrate       queue this box's calibration job (`deskpod.web.calibration`) when there is
+                                    no calibration to predict from
     /ui/new/preview.json?...     what step 3 shows for the values in the query (launch.js asks as fields change)
     POST /ui/new                 queue it (303 to the job's page; 201 and the job for a JSON client)
     /ui/datasets/samples.png?data=D[&class=I]   the sample images of a dataset (per class, or all)
