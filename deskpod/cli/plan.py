@@ -95,6 +95,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     cal.add_argument("--batch", type=int, default=8, help="samples per device (default 8)")
     cal.add_argument("--steps", type=int, default=3, help="timed training steps (default 3)")
     cal.add_argument("--from-json", default=None, metavar="FILE", help="fit recorded measurements instead of measuring")
+    cal.add_argument("--out", default=None, metavar="FILE",
+                     help="write the calibration to FILE instead of DESKPOD_HOME/plan/local.json (the dashboard's "
+                          "calibration job hands it to its pod so)")  # fmt: skip
     cal.add_argument("--json", action="store_true")
     cal.set_defaults(func=run_calibrate)
 
@@ -398,7 +401,8 @@ def run_root(args: argparse.Namespace) -> int:
 
     if not args.calibrate:
         raise UsageError("deskpod plan needs WHAT: predict, compare, match, nodes, comm, report, calibrate or fit")
-    defaults = {"model": "resnet18", "shape": "3x112x112", "batch": 8, "steps": 3, "from_json": None, "json": False}
+    defaults = {"model": "resnet18", "shape": "3x112x112", "batch": 8, "steps": 3, "from_json": None, "out": None,
+                "json": False}  # fmt: skip
     return run_calibrate(argparse.Namespace(**{**defaults, **vars(args)}))
 
 
@@ -420,7 +424,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     else:
         measured = _measure(args)
     cal = fit_local(measured, local_topology())
-    path = save(cal, Environment.read().home)
+    if args.out:
+        path = Path(args.out)
+        path.write_text(cal.to_json())
+    else:
+        path = save(cal, Environment.read().home)
     if args.json:
         print(json.dumps(summary(cal), indent=2))
         return 0

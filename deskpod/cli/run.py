@@ -85,7 +85,8 @@ def submit(args: argparse.Namespace) -> int:
     from deskpod.errors import ConfigError
     from deskpod.hardware.devices import parse_device_spec
     from deskpod.jobs.client import PodClient
-    from deskpod.train.script import NAME_RE, check_target, default_name
+    from deskpod.train.runs import NAME_HELP, NAME_RE
+    from deskpod.train.script import check_target, default_name
 
     if args.out:
         raise ConfigError("--out does not go with --submit: a pod job keeps its run in its own folder")
@@ -95,9 +96,7 @@ def submit(args: argparse.Namespace) -> int:
     target = list(check_target(target_of(args)))
     name = args.name or default_name(target)
     if not NAME_RE.match(name):
-        raise ConfigError(
-            f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with one of the first two"
-        )
+        raise ConfigError(f"--name {name!r}: use {NAME_HELP}")
     text = str(args.devices).strip().lower()
     devices: int | str
     if text == "all":

@@ -122,15 +122,15 @@ def export_options(args: argparse.Namespace) -> Any:
     """The `ExportOptions` of ``--export``: flags, else `EXPORT_DEFAULTS`; a bad name is refused here."""
     from deskpod.environment import Environment
     from deskpod.errors import UsageError
-    from deskpod.jobs.spec import NAME_RE
     from deskpod.serve.export import ExportOptions
+    from deskpod.train.runs import NAME_HELP, NAME_RE
 
     run_dir: Path = args.export
     name = args.name
     if name is None:
         name = re.sub(r"[^A-Za-z0-9._-]", "-", run_dir.resolve().name).strip(".-_")
     if not NAME_RE.match(name or ""):
-        raise UsageError(f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit")
+        raise UsageError(f"--name {name!r}: use {NAME_HELP}")
     numbers = {}
     for key, low in (("max_batch_size", 1), ("max_queue_delay_us", 0), ("instances", 1)):
         value = EXPORT_DEFAULTS[key] if getattr(args, key) is None else int(getattr(args, key))

@@ -206,6 +206,11 @@ def discover(env: Environment | None = None, *, query: GpuQuery | None = None, u
     gpus = discover_gpus(query, env)
     if gpus:
         return Inventory("cuda", gpus, env.cpu_count, "nvml" if query is not None else "torch")
+    return cpu_inventory(env)
+
+
+def cpu_inventory(env: Environment) -> Inventory:
+    """This box's CPU slots, or those the pod service gave this job (``DESKPOD_CPU_SLOTS``) with their cores."""
     slots = cpu_slots(env)
     if env.cpu_slots is not None:
         # The pod service gave this job some of the box's CPU slots (DESKPOD_CPU_SLOTS): only those are

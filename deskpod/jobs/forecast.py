@@ -36,6 +36,9 @@ class Forecast:
     """Every queued job's place in the queue, from 1 (the next to be considered)."""
     start: dict[int, float | None]
     """Estimated start time (epoch seconds) of the first `HORIZON` queued jobs; None when unknown."""
+    horizon: int = 0
+    """How many jobs from the queue's front were played forward (those behind have no entry in ``start``); 0 when
+    none were (another scheduler, e.g. Slurm's, decides when)."""
 
 
 def queue_order(waiting: Iterable[Waiting]) -> list[Waiting]:
@@ -64,7 +67,7 @@ def forecast(
         start[job.id] = at
         if at is not None:
             _add(times, free, at, at + length, job.devices)
-    return Forecast(position, start)
+    return Forecast(position, start, horizon)
 
 
 def _split(times: list[float], free: list[int], t: float) -> int:

@@ -58,8 +58,8 @@ import tomli_w
 
 from deskpod.envs.definition import ENVIRONMENT_SCHEMA, IMAGE_RE, EnvDefinition, parse_environment
 from deskpod.errors import ConfigError
+from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV = frozenset(
     {"CUDA_VISIBLE_DEVICES", "DESKPOD_CPU_SLOTS", "MASTER_ADDR", "MASTER_PORT", "DESKPOD_JOB_ID", "DESKPOD_JOB_DIR"}
@@ -108,7 +108,8 @@ class JobSpec:
     """One job, validated. Exactly one of ``command``, ``train`` and ``serve`` is set."""
 
     name: str
-    """Shown in listings; letters, digits, ``._-``, at most 64 characters."""
+    """Shown in listings; letters, digits, ``._-``, at most `NAME_MAX` (64) characters: a train job's run folder
+    is named after it."""
     command: tuple[str, ...] = ()
     """The argv to execute (no shell)."""
     train: Mapping[str, Any] | None = None
@@ -247,7 +248,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
             raise _bad("train", t, f"it must be writable as TOML (no nulls): {e}") from e
 
     if serve is not None:
-        fallback = f"serve-{serve['model']}"[:64]
+        fallback = f"serve-{serve['model']}"[:NAME_MAX]
     else:
         fallback = "train" if train is not None else _name_from_argv(command, default_name)
     name = data.get("name", fallback)
@@ -255,7 +256,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         raise _bad(
             "name",
             name,
-            "use 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit (no spaces, shell characters or '/')",
+            f"use {NAME_HELP} (no spaces, shell characters or '/')",
         )
 
     placement = data.get("placement", "best")
@@ -382,7 +383,7 @@ def _serve(t: object) -> dict[str, Any]:
         raise _bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')
     model = t.get("model", re.sub(r"[^A-Za-z0-9._-]", "-", Path(run).name).strip(".-_") or "model")
     if not isinstance(model, str) or not NAME_RE.match(model):
-        raise _bad("serve.model", model, "use 1-64 letters, digits, '.', '_' or '-' starting with a letter or digit")
+        raise _bad("serve.model", model, f"use {NAME_HELP}")
     fmt = t.get("format", "onnx")
     if fmt not in SERVE_FORMATS:
         raise _bad("serve.format", fmt, f"use one of {', '.join(SERVE_FORMATS)}")
@@ -409,7 +410,7 @@ def _name_from_argv(command: tuple[str, ...], default: str) -> str:
     """A listing name from the program: ``python x.py`` -> ``x.py``, ``/bin/sleep 5`` -> ``sleep``."""
     parts = [Path(a).name for a in command[:2]]
     pick = parts[1] if len(parts) > 1 and parts[0].startswith("python") and not parts[1].startswith("-") else parts[0]
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", pick).strip(".-_")[:64]
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", pick).strip(".-_")[:NAME_MAX]
     return cleaned if cleaned and NAME_RE.match(cleaned) else default
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deskpod.jobs.spec import JobSpec, stored_spec
+from deskpod.jobs.spec import KINDS, JobSpec, stored_spec
 from deskpod.jobs.states import FINAL, JobState, check
 
 SCHEMA = """
@@ -341,12 +341,14 @@ class Store:
         user: str | None = None,
         states: Iterable[JobState] | None = None,
         name: str | None = None,
+        kind: str | None = None,
         before: int | None = None,
         limit: int = 1000,
     ) -> list[JobRecord]:
-        """Jobs, newest first, optionally of one user, in some states, with ``name`` in their name, and
-        older than job ``before`` (keyset paging: the next page starts below the last id shown)."""
-        where, args = self._filter(user, states, name)
+        """Jobs, newest first, optionally of one user, in some states, with ``name`` in their name, of one
+        ``kind`` (``train``, ``serve`` or ``command``: `JobSpec.kind`), and older than job ``before`` (keyset
+        paging: the next page starts below the last id shown)."""
+        where, args = self._filter(user, states, name, kind)
         if before is not None:
             where += " AND id < ?"
             args.append(before)
@@ -356,16 +358,30 @@ class Store:
         return [_record(r) for r in rows]
 
     def count(
-        self, *, user: str | None = None, states: Iterable[JobState] | None = None, name: str | None = None
+        self,
+        *,
+        user: str | None = None,
+        states: Iterable[JobState] | None = None,
+        name: str | None = None,
+        kind: str | None = None,
     ) -> int:
         """How many jobs `jobs` would list with these filters and no limit."""
-        where, args = self._filter(user, states, name)
+        where, args = self._filter(user, states, name, kind)
         with self._lock:
             return int(self._db.execute(f"SELECT COUNT(*) FROM jobs WHERE {where}", args).fetchone()[0])
 
     @staticmethod
-    def _filter(user: str | None, states: Iterable[JobState] | None, name: str | None) -> tuple[str, list[Any]]:
+    def _filter(
+        user: str | None, states: Iterable[JobState] | None, name: str | None, kind: str | None = None
+    ) -> tuple[str, list[Any]]:
         where, args = "1=1", []
+        # A job's kind is the field its stored spec has (`JobSpec.to_json`): no column to keep in step with it.
+        if kind == "command":
+            where += " AND json_type(spec, '$.train') IS NULL AND json_type(spec, '$.serve') IS NULL"
+        elif kind is not None:
+            if kind not in KINDS:
+                raise ValueError(f"job kind {kind!r}: expected one of {', '.join(KINDS)}")
+            where += f" AND json_type(spec, '$.{kind}') IS NOT NULL"
         if user is not None:
             where += " AND user = ?"
             args.append(user)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deskpod.comm.cost import MAX_NODES, Network, predict
@@ -176,15 +176,25 @@ def predict_plan(
     factors: Factors | None = None,
     stack: str | None = None,
     home: Path | None = None,
+    threads: int | None = None,
 ) -> Plan:
     """Predict ``workload`` on ``nodes`` x ``machine`` (``devices_per_node`` of its devices each, default all)
     under ``stack`` (default `DEFAULT_STACK`; machine ``local``: its own calibration).
 
     ``factors`` replaces the stack's (the fits pass candidates; the plan then names ``stack`` or "custom").
     ``home`` is where machine ``local``'s calibration lies (default: ``DESKPOD_HOME``; a pod passes its own).
+    ``threads``: on a CPU machine, the intra-op threads of each worker (a "device" here), when the run lays its
+    workers out otherwise than the machine's slots (``deskpod train --devices all``: one worker per NUMA node,
+    `deskpod.train.launcher.resolve_devices`); a worker's FLOP rate scales with its threads from the per-slot
+    figure (the machine's cores / devices threads each).
     """
     stack_name, factors = resolve_stack(machine, stack, factors, home)
     f = machine_facts(machine, workload.precision, home=home)
+    if threads is not None and f.kind == "cpu":
+        if threads < 1:
+            raise UsageError(f"threads per worker must be 1 or more, got {threads}")
+        per_slot = max(1, f.cpu_cores // f.devices) if f.cpu_cores else 1
+        f = replace(f, peak_tflops=f.peak_tflops * threads / per_slot)
     if not 1 <= nodes <= MAX_NODES:
         raise UsageError(f"nodes must be 1..{MAX_NODES}, got {nodes}")
     g = f.devices if devices_per_node is None else devices_per_node

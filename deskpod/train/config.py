@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from deskpod.errors import ConfigError
+from deskpod.train.runs import NAME_HELP, NAME_RE
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 OptimizerName = Literal["sgd", "adamw"]
@@ -33,8 +33,6 @@ Schedule = Literal["cosine", "step", "constant"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -170,10 +168,10 @@ class TrainConfig:
         need(self.keep_checkpoints >= 1, "keep_checkpoints", self.keep_checkpoints, "a whole number ≥ 1")
         need(self.log_every_steps >= 1, "log_every_steps", self.log_every_steps, "a whole number ≥ 1")
         need(
-            self.name == "" or bool(_NAME_RE.match(self.name)),
+            self.name == "" or bool(NAME_RE.match(self.name)),
             "name",
             self.name,
-            "letters, digits, '.', '_' and '-' (no spaces or slashes), up to 100 characters, e.g. 'resnet50-try2'",
+            f"{NAME_HELP} (no spaces or slashes), e.g. 'resnet50-try2'",
         )
         need(bool(self.task.strip()), "task", self.task, "classify, or a task factory as package.module:function")
         need(bool(self.model.strip()), "model", self.model, "a model name such as convnet or resnet18")

@@ -27,15 +27,15 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
 from deskpod.errors import CheckpointError, ConfigError, DataError, DeskpodError, UsageError, WorkerError
 from deskpod.hardware.affinity import format_cpu_list, numa_nodes
-from deskpod.hardware.devices import Device, Inventory, cpu_layout, cpu_slots, discover
+from deskpod.hardware.devices import Device, Inventory, cpu_inventory, cpu_layout, cpu_slots, discover
 from deskpod.processes import child_pids
 from deskpod.train import checkpoint as ckpt
 from deskpod.train.config import TrainConfig, build_config, dump_config
@@ -80,22 +80,46 @@ def _resolve_devices(
 
 
 def resolve_devices(
-    devices: str, *, cpu_workers: int = 0, inventory: Inventory | None = None, env: Environment | None = None
+    devices: str,
+    *,
+    cpu_workers: int = 0,
+    inventory: Inventory | None = None,
+    env: Environment | None = None,
+    affinity: Collection[int] | None = None,
 ) -> tuple[str, tuple[Device, ...], tuple[tuple[int, ...], ...]]:
-    """The kind and devices of a run, and on CPUs the cores to pin each worker to (empty: unpinned).
+    """The kind and devices of a run — one per worker —, and on CPUs the cores to pin each worker to (empty:
+    unpinned). The one place a run's layout is decided: the trainer, ``deskpod run`` and the predictions of the
+    pod's jobs (`pod_job_devices`) all come here.
 
-    On CPUs ``--devices all`` is `cpu_layout`'s (one worker per NUMA node, its cores as threads); a
-    count, a list or ``cpu_workers`` asks for that many workers sharing the cores. ``deskpod run``
-    lays out a user's script the same way.
+    On CPUs ``--devices all`` is `cpu_layout`'s (one worker per NUMA node of ``affinity``, the cores this process
+    may run on by default, its cores as threads); a count, a list or ``cpu_workers`` asks for that many workers
+    sharing the cores.
     """
     env = env or Environment.read()
     inv = inventory or discover(env)
     if inv.kind == "cpu" and cpu_workers:
         inv = Inventory("cpu", cpu_slots(env, cpu_workers), inv.cores, "cpu")
     elif inv.kind == "cpu" and devices.strip().lower() in ("all", ""):
-        layout = cpu_layout(inv, numa_nodes(os.sched_getaffinity(0)), pin=env.cpu_slots is None)
+        cores = os.sched_getaffinity(0) if affinity is None else set(affinity)
+        layout = cpu_layout(inv, numa_nodes(cores), pin=env.cpu_slots is None)
         return "cpu", layout.devices, layout.cores
     return inv.kind, inv.select(devices), ()
+
+
+def pod_job_devices(
+    kind: str, slots: Sequence[int], *, cpu_workers: int = 0, env: Environment | None = None,
+    affinity: Collection[int] | None = None,
+) -> tuple[Device, ...]:  # fmt: skip
+    """The workers ``deskpod train`` starts as a pod job given ``slots`` of the pod's ``kind`` of device: what a
+    prediction for that job must assume. The pod runs its train jobs with ``--devices all`` and the slots in
+    ``DESKPOD_CPU_SLOTS`` (``CUDA_VISIBLE_DEVICES`` on GPUs, one worker each), so on CPUs a job of 2 slots on a
+    box of one NUMA node runs 1 worker of 2 threads, not 2 workers (`resolve_devices`)."""
+    env = replace(env or Environment.read(), cpu_slots=tuple(slots) if kind == "cpu" else None)
+    if kind == "cpu":
+        inv = cpu_inventory(env)
+    else:
+        inv = Inventory("cuda", tuple(Device("cuda", k, "gpu", 0) for k in range(len(slots))), env.cpu_count, "pod")
+    return resolve_devices("all", cpu_workers=cpu_workers, inventory=inv, env=env, affinity=affinity)[1]
 
 
 def find_latest_run(out: Path) -> Path | None:
@@ -148,6 +172,8 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
                       cfg.loader_workers)  # fmt: skip
     task = load_task(cfg.task, cfg.task_options)
     data = describe(req, env.fashion_mnist_dir) if task is None else task.describe(req)
+    if task is None:
+        cfg = imposed_by_data(cfg, data)
     n = len(devices) * nodes
     if cfg.global_batch_size:
         if cfg.global_batch_size % (n * cfg.grad_accum):
@@ -168,6 +194,21 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
         raise ConfigError("sync_batchnorm = true needs GPUs (PyTorch's SyncBatchNorm runs only on CUDA devices)")
     _check_model(cfg, data, run_dir if resume else None, task)
     return Plan(cfg, run_dir, devices, kind, data, per_device, resume, world, cpu_pins)
+
+
+def imposed_by_data(cfg: TrainConfig, data: DataSpec) -> TrainConfig:
+    """``cfg`` with what its dataset imposes, so that the resolved ``config.toml`` says what the run used: the
+    classes it has (Fashion-MNIST's 10, an image folder's class folders; ``num_classes`` counts only for synthetic
+    data) and the side of its images when they are square and a valid ``image_size`` (Fashion-MNIST's 28, not the
+    default crop of 224 that only image folders use)."""
+    h, w = data.image_size
+    changes: dict[str, Any] = {"num_classes": data.num_classes}
+    if h == w and h != cfg.image_size:
+        changes["image_size"] = h
+    try:
+        return build_config(None, {**cfg.to_dict(), **changes})
+    except ConfigError:  # a side image_size cannot hold (tiny synthetic images): keep the classes alone
+        return build_config(None, {**cfg.to_dict(), "num_classes": data.num_classes})
 
 
 def _check_model(cfg: TrainConfig, data: DataSpec, resume_from: Path | None, task: Task | None) -> None:

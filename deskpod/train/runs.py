@@ -26,6 +26,13 @@ from typing import Any
 
 from deskpod.errors import UsageError
 
+NAME_MAX = 64
+"""The longest name of a run, and of a job: a pod's train job names its run folder after itself
+(`deskpod.jobs.spec`), so the two limits are one."""
+NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}$")
+"""A run's or job's name: a folder name and a shell word as it is (no spaces, shell characters or '/')."""
+NAME_HELP = f"1-{NAME_MAX} letters, digits, '.', '_' or '-' starting with a letter or digit"
+
 
 @dataclass(frozen=True, slots=True)
 class RunPaths:
@@ -97,8 +104,8 @@ def has_checkpoint(run_dir: Path) -> bool:
 def default_run_name(model: str, data: str, now: datetime | None = None) -> str:
     now = now or datetime.now()
 
-    def safe(s: str) -> str:
-        return "".join(c if c.isalnum() or c in "-_." else "-" for c in s).strip("-")[:40]
+    def safe(s: str) -> str:  # two parts and the time (15 characters) fit in NAME_MAX
+        return "".join(c if c.isalnum() or c in "-_." else "-" for c in s).strip("-")[: (NAME_MAX - 17) // 2]
 
     return f"{safe(model.split(':')[-1])}-{safe(data.split(':')[0])}-{now:%Y%m%d-%H%M%S}"
 

@@ -30,7 +30,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import sys
 import threading
 import time
@@ -52,10 +51,10 @@ from deskpod.train.launcher import (
     resolve_devices,
     worker_env,
 )
+from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 from deskpod.train.world import NodeWorld, check_port_free, slurm_world
 
 RUN_FILE = "run.json"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +112,7 @@ def check_target(target: Sequence[str], cwd: Path | None = None) -> tuple[str, .
 def default_name(target: Sequence[str], now: datetime | None = None) -> str:
     """``<script or module>-<date>-<time>``, like ``deskpod train``'s run names."""
     stem = target[1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in stem).strip("-.")[:40] or "run"
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in stem).strip("-.")[: NAME_MAX - 16] or "run"
     return f"{safe}-{(now or datetime.now()):%Y%m%d-%H%M%S}"
 
 
@@ -138,9 +137,7 @@ def prepare_script(
     if not stall_after_s > 0:
         raise ConfigError(f"--stall-after {stall_after_s}: expected seconds > 0")
     if name is not None and not NAME_RE.match(name):
-        raise ConfigError(
-            f"--name {name!r}: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
+        raise ConfigError(f"--name {name!r}: use {NAME_HELP}")
     world = slurm_world(nodes) if nodes > 1 else None
     kind, chosen, pins = resolve_devices(str(devices), inventory=inventory, env=env)
     if name is None:

@@ -22,6 +22,7 @@ from deskpod.train.runs import RunPaths
 from deskpod.web import render, stream
 from deskpod.web.runinfo import display, read_summary, resolved_config
 from deskpod.web.session import Viewer, viewer
+from deskpod.web.terminal import TENSORBOARD_PORT, event_folder, tensorboard_line
 
 Signed = Annotated[Viewer, Depends(viewer)]
 
@@ -104,12 +105,12 @@ def config_diff(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any], int]:
     """The Compare page's data and its HTTP status (400 with ``error`` for a bad id list)."""
     owner = who.owner_filter()
-    picker = [
+    picker = [  # the newest training runs, however many jobs of other kinds came after them
         {"id": str(j.id), "name": j.name, "user": j.user, "state": j.state.value, "submitted_at": j.submitted_at}
-        for j in web.store.jobs(user=owner, limit=1000)
-        if j.spec.train is not None
-    ][:PICKER_JOBS]
-    data: dict[str, Any] = {"jobs": jobs or "", "picker": picker, "runs": [], "charts": [], "diff": None}
+        for j in web.store.jobs(user=owner, kind="train", limit=PICKER_JOBS)
+    ]
+    data: dict[str, Any] = {"jobs": jobs or "", "picker": picker, "runs": [], "charts": [], "diff": None,
+                            "tensorboard": None}  # fmt: skip
     data["final_keys"] = [{"key": k, "label": label} for k, label in FINAL_KEYS]
     if not jobs:
         return data, 200
@@ -136,7 +137,8 @@ def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any
             charts.append({"id": f"{c.id}-{kind}", "title": title, "unit": c.unit, "series": lines})
     for r in runs:
         del r["_series"]
-    data.update(runs=runs, charts=charts, diff=config_diff(runs))
+    events = {f"job{j.id}": tb for j in records if (tb := event_folder(web, j)) is not None}
+    data.update(runs=runs, charts=charts, diff=config_diff(runs), tensorboard=tensorboard_line(events))
     return data, 200
 
 
@@ -154,4 +156,5 @@ def register(app: FastAPI, web: Any) -> None:
             raise ConfigError("jobs=...: too long; compare at most 8 runs, e.g. jobs=3,5")
         data, status = compare_view(web, who, jobs)
         title = "Compare runs" if not data["runs"] else "Compare " + ", ".join(f"job {r['id']}" for r in data["runs"])
-        return render.page(request, "compare.html", data, who, title=title, status=status)
+        return render.page(request, "compare.html", data, who, title=title, status=status,
+                           extra={"tensorboard_port": TENSORBOARD_PORT})  # fmt: skip

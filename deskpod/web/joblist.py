@@ -1,9 +1,18 @@
-"""The Jobs page: queue and history, filtered and paged on the server; cancel and requeue.
+"""The Jobs page: queue and history, filtered and paged on the server; cancel and requeue, one job or several.
 
 Paging is by keyset (``before=<id>``: the jobs older than the last one shown), so the thousandth
 page costs what the first does. Each queued job shows its place in the queue, the scheduler's
-stated reason and an estimated start (`deskpod.jobs.forecast`, cached until the store changes);
-each running train job its progress and a sparkline of its loss.
+stated reason and an estimated start (`deskpod.jobs.forecast`, cached until the store changes; only
+the front `HORIZON` of the queue is played forward, and a job behind it says so); each running train
+job its progress and a sparkline of its loss.
+
+::
+
+    POST /ui/jobs/<id>/cancel     cancel one job (asks first without JavaScript)
+    POST /ui/jobs/<id>/requeue    requeue one job
+    POST /ui/jobs/bulk            action=cancel|requeue on every ``job=<id>`` ticked in the list: each is done
+                                  as the single action would be, for the jobs the viewer may touch; a script
+                                  gets ``{"done": [jobs], "errors": {id: message}}``
 """
 
 from __future__ import annotations
@@ -16,8 +25,9 @@ from urllib.parse import urlencode
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
-from deskpod.errors import DeskpodError
+from deskpod.errors import ConfigError, DeskpodError
 from deskpod.jobs.api import parse_state, visible_owner
 from deskpod.jobs.forecast import Forecast
 from deskpod.jobs.states import REQUEUABLE, JobState
@@ -27,6 +37,9 @@ from deskpod.web import render
 from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
 
 PAGE_SIZE = 50
+MAX_PAGE = 500
+"""The most jobs one page lists, and so the most one bulk action takes."""
+BULK_ACTIONS = ("cancel", "requeue")
 SPARK_POINTS = 40
 FORECAST_MAX_AGE_S = 1.0
 """A forecast is reused while the store is unchanged, and at most this long while it changes."""
@@ -89,6 +102,11 @@ def job_row(web: Any, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
     row["position"] = fc.position.get(job.id) if queued and fc is not None else None
     row["estimated_start"] = fc.start.get(job.id) if queued and fc is not None else None
     row["estimated"] = queued and fc is not None and job.id in fc.start  # False beyond the forecast's horizon
+    row["estimate_note"] = (
+        f"no estimated start: only the first {fc.horizon} jobs of the queue are played forward"
+        if queued and fc is not None and fc.horizon and job.id not in fc.start
+        else ""
+    )
     row["progress"] = progress(web, job) if job.state.active else None
     row["can_cancel"] = (job.state is JobState.QUEUED or job.state.active) and not job.stop_reason
     row["can_requeue"] = job.state in REQUEUABLE or job.state.active
@@ -142,7 +160,7 @@ def register(app: FastAPI, web: Any) -> None:
         state: Annotated[str | None, Query(max_length=32)] = None,
         name: Annotated[str | None, Query(max_length=64)] = None,
         before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = PAGE_SIZE,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE_SIZE,
     ) -> Response:
         data = list_jobs(web, who, user=user, state=state, name=name, before=before, limit=limit)
         status = 400 if data["errors"] else 200
@@ -154,6 +172,32 @@ def register(app: FastAPI, web: Any) -> None:
             "next_query": urlencode({**keep, "before": data["next"]}) if data["next"] else "",
         }
         return render.page(request, "jobs.html", data, who, title="Jobs", status=status, extra=extra)
+
+    @app.post("/jobs/bulk")  # before /jobs/{job_id}/...: a literal path, not a job id
+    async def bulk(request: Request, who: Signed) -> Response:
+        fields = await form_csrf(request, who)
+        ids = [v for v in (await request.form()).getlist("job") if isinstance(v, str)]
+        action = fields.get("action", "")
+        if action not in BULK_ACTIONS:
+            raise ConfigError(f"action {action!r}: choose {' or '.join(BULK_ACTIONS)}")
+        if not ids:
+            raise ConfigError(f"tick the jobs to {action} first (the boxes in the list)")
+        if len(ids) > MAX_PAGE:
+            raise ConfigError(f"{len(ids)} jobs at once: {action} at most {MAX_PAGE} (a page of the list)")
+        nxt = safe_next(fields["next"]) if fields.get("next") else f"{ROOT}/jobs"
+        if action == "cancel" and fields.get("confirmed") != "1" and not render.wants_json(request):
+            jobs = [web.job(who, i).to_json() for i in dict.fromkeys(ids)]  # a foreign id: 404, as everywhere
+            data: dict[str, Any] = {"jobs": jobs, "action": "cancel"}
+            return render.page(request, "confirm.html", data, who, title=f"Cancel {len(jobs)} jobs?",
+                               extra={"next": nxt})  # fmt: skip
+        done, errors = await run_in_threadpool(bulk_action, web, who, action, ids)
+        if render.wants_json(request):
+            return JSONResponse({"done": done, "errors": errors}, status_code=200 if done or not errors else 400)
+        if not errors:
+            return RedirectResponse(nxt, status_code=303)
+        data = {"action": action, "done": done, "errors": errors}
+        return render.page(request, "bulk.html", data, who, title=f"{action.capitalize()} jobs", extra={"next": nxt},
+                           status=200 if done else 400)  # fmt: skip
 
     @app.post("/jobs/{job_id}/cancel")
     async def cancel(request: Request, job_id: str, who: Signed) -> Response:
@@ -171,6 +215,20 @@ def register(app: FastAPI, web: Any) -> None:
     async def requeue(request: Request, job_id: str, who: Signed) -> Response:
         fields = await form_csrf(request, who)
         return _after(request, web.pod.requeue(who.user, job_id), fields.get("next"))
+
+
+def bulk_action(web: Any, who: Viewer, action: str, ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Cancel or requeue each job of ``ids`` as the single action does (the pod checks who may touch which):
+    the jobs as each action left them, and a message per job it refused (another user's job is "not found")."""
+    done: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
+    act = web.pod.cancel if action == "cancel" else web.pod.requeue
+    for job_id in dict.fromkeys(ids):
+        try:
+            done.append(act(who.user, job_id).to_json())
+        except DeskpodError as e:
+            errors[job_id] = str(e)
+    return done, errors
 
 
 def _after(request: Request, job: JobRecord, next_page: str | None) -> Response:

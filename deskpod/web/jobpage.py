@@ -29,10 +29,12 @@ from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import logs, render, stacks, stream
+from deskpod.web.failures import failure
 from deskpod.web.joblist import progress
 from deskpod.web.runinfo import checkpoints, read_summary, resolved_config
 from deskpod.web.series import KINDS
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+from deskpod.web.terminal import TENSORBOARD_PORT, deskpod_line, event_folder, tensorboard_line
 
 Signed = Annotated[Viewer, Depends(viewer)]
 
@@ -61,6 +63,7 @@ def job_view(web: Any, job: JobRecord, max_points: int = stream.MAX_POINTS) -> d
     text, offset, cut = logs.tail(folder / "output.log")
     cursor.log = offset
     live = stream.job_state(job, web.store.events(job.id))
+    tb = event_folder(web, job)
     return {
         "job": job.to_json(),
         "live": live,
@@ -73,9 +76,14 @@ def job_view(web: Any, job: JobRecord, max_points: int = stream.MAX_POINTS) -> d
         "log_files": [f.label for f in logs.log_files(folder, run)],
         "checkpoints": ckpts,
         "config": resolved_config(web, job),
+        "failure": failure(web, job),
         "summary": read_summary(run),
         "search": None,
         "stacks": None,
+        "commands": {
+            "logs": deskpod_line(web, ["deskpod", "logs", str(job.id)]),
+            "tensorboard": None if tb is None else tensorboard_line({f"job{job.id}": tb}),
+        },
     }
 
 
@@ -88,7 +96,7 @@ def _page(request: Request, who: Viewer, job: JobRecord, data: dict[str, Any], s
         who,
         title=f"Job {job.id} · {job.name}",
         status=status,
-        extra={"spec_text": spec_text},
+        extra={"spec_text": spec_text, "tensorboard_port": TENSORBOARD_PORT},
     )
 
 

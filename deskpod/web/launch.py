@@ -6,8 +6,12 @@
     /ui/new?data=D               2. D's summary (classes, counts, sample images) and the networks, counted for D
     /ui/new?data=D&model=M&...   3. the training form, with what the job would get before it is queued:
                                     the placement the scheduler picks on the devices free now and its ring
-                                    bandwidth, the plan's predicted time on this box, and the same job as a
-                                    ``deskpod train --submit`` line and as an API call
+                                    bandwidth, the workers × threads the trainer will run it as and the plan's
+                                    predicted time for them on this box, and the same job as a
+                                    ``deskpod train --submit`` line (naming the pod's socket: it works pasted
+                                    on the box) and as an API call
+    POST /ui/new/calibrate       queue this box's calibration job (`deskpod.web.calibration`) when there is
+                                    no calibration to predict from
     /ui/new/preview.json?...     what step 3 shows for the values in the query (launch.js asks as fields change)
     POST /ui/new                 queue it (303 to the job's page; 201 and the job for a JSON client)
     /ui/datasets/samples.png?data=D[&class=I]   the sample images of a dataset (per class, or all)
@@ -36,9 +40,10 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from deskpod.envs.accounts import Account
-from deskpod.errors import ConfigError, DataError, DeskpodError, UsageError
+from deskpod.errors import ConfigError, ConflictError, DataError, DeskpodError, UsageError
 from deskpod.web import datasets, networks, render
-from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
+from deskpod.web.terminal import deskpod_line
 
 T = TypeVar("T")
 
@@ -181,7 +186,13 @@ def _typed_default(key: str) -> Any:
 
 
 def cli_line(spec: Mapping[str, Any]) -> str:
-    """``deskpod train --submit ...`` with the flags that queue exactly ``spec``."""
+    """``deskpod train --submit ...`` with the flags that queue exactly ``spec`` (`cli_argv`)."""
+    return shlex.join(cli_argv(spec))
+
+
+def cli_argv(spec: Mapping[str, Any]) -> list[str]:
+    """The argv of ``deskpod train --submit ...`` that queues exactly ``spec``; the page shows it as a line that names
+    the pod (`deskpod.web.terminal.deskpod_line`)."""
     t = spec["train"]
     argv = ["deskpod", "train", "--submit", "--model", t["model"], "--data", t["data"]]
     argv += ["--steps", str(t["steps"])] if "steps" in t else ["--epochs", str(t["epochs"])]
@@ -192,7 +203,7 @@ def cli_line(spec: Mapping[str, Any]) -> str:
         argv += ["--devices", str(spec["devices"])]
     if "name" in spec:
         argv += ["--name", spec["name"]]
-    return shlex.join(argv)
+    return argv
 
 
 def curl_line(spec: Mapping[str, Any], url: str) -> str:
@@ -266,34 +277,83 @@ def _plan_precision(precision: str, kind: str, machine: str | None) -> str:
     return "bf16"
 
 
+def job_layout(web: Any, k: int) -> dict[str, Any]:
+    """How the trainer lays out a job of ``k`` of the pod's devices: workers × threads per worker, decided by the
+    trainer's own function (`deskpod.train.launcher.pod_job_devices`), so that the prediction assumes the layout
+    the job then runs (on a CPU box of one NUMA node, 2 slots are 1 worker of 2 threads, not 2 workers)."""
+    if web.pod.config.machine is not None:  # a catalog machine's GPUs: one worker each
+        return {"workers": k, "threads": None, "text": f"{k} worker{'s' if k != 1 else ''}, one per GPU"}
+    from deskpod.train.launcher import pod_job_devices
+
+    kind = web.pod.device_kind
+    confinement = web.pod.confinement
+    limits = confinement.limits(tuple(range(k))) if confinement is not None and kind == "cpu" else None
+    if limits is not None and limits.cpus is not None:  # a pinned job sees only its cores, its slots from 0
+        from dataclasses import replace
+
+        from deskpod.environment import Environment
+
+        env = replace(Environment.read(), cpu_count=len(limits.cpus))
+        devices = pod_job_devices(kind, range(k), env=env, affinity=limits.cpus)
+    else:
+        devices = pod_job_devices(kind, range(k))
+    workers = len(devices)
+    if kind != "cpu":
+        return {
+            "workers": workers,
+            "threads": None,
+            "text": f"{workers} worker{'s' if workers != 1 else ''}, one per GPU",
+        }
+    threads = devices[0].threads
+    text = (f"{k} CPU slot{'s' if k != 1 else ''} run as {workers} worker{'s' if workers != 1 else ''} of "
+            f"{threads} thread{'s' if threads != 1 else ''}")  # fmt: skip
+    return {"workers": workers, "threads": threads, "text": text}
+
+
 def prediction(
     web: Any, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The plan's time for this job on this box: calibrated (machine ``local``), or the catalog machine the pod
-    runs as; otherwise a plain "not calibrated" and how to calibrate, with no number."""
+    runs as; otherwise a plain "not calibrated" and how to calibrate (a calibration job, `deskpod.web.calibration`),
+    with no number. The plan assumes the workers and threads the trainer will run (`job_layout`)."""
     from deskpod.plan import local
     from deskpod.plan.predict import predict_plan
     from deskpod.plan.workload import Workload
+    from deskpod.web import calibration
 
     k = len(values["indices"])
+    machine = web.pod.config.machine
+    out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": [],
+                           "layout": None, "calibration_job": None, "can_calibrate": False}  # fmt: skip
+    try:
+        layout = out["layout"] = job_layout(web, k)
+    except DeskpodError as e:
+        out["message"] = f"No prediction: {e}."
+        return out
+    workers = int(layout["workers"])
     batch = int(values["batch_size"])
     steps = int(values["steps"] or 0)
-    epochs = steps * batch * k / summary["train_size"] if steps else float(values["epochs"])
-    machine = web.pod.config.machine
-    out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": []}
+    epochs = steps * batch * workers / summary["train_size"] if steps else float(values["epochs"])
     home = Path(web.home).resolve()
     factors = None
     if machine is None:
+        if not local.calibration_path(home).exists():
+            out["calibration_job"] = calibration.collect(web)  # a finished calibration job's fit is stored here
         try:
             cal = local.load(home)
         except UsageError as e:
-            where = f"DESKPOD_HOME={shlex.quote(str(home))} "
-            out["message"] = (
-                f"This box is not calibrated, so there is no predicted time. Calibrate it with: "
-                f"{where}deskpod plan calibrate. {CALIBRATE_HELP}."
-                if not local.calibration_path(home).exists()
-                else f"No predicted time: {e}."  # a damaged file: its own message
-            )
+            job = out["calibration_job"]
+            out["can_calibrate"] = job is None or job["state"] not in ("queued", "starting", "building", "running")
+            if job is not None:
+                out["message"] = job["message"]
+            elif local.calibration_path(home).exists():
+                out["message"] = f"No predicted time: {e}."  # a damaged file: its own message
+            else:
+                out["message"] = (
+                    "This box is not calibrated, so there is no predicted time. Calibrate it with the button below "
+                    f"(a job on every device of the pod), or as the pod's admin with: "
+                    f"DESKPOD_HOME={shlex.quote(str(home))} deskpod plan calibrate. {CALIBRATE_HELP}."
+                )
             return out
         factors, kind, out["when"] = cal.factors, cal.measurements.kind, cal.when
     else:
@@ -307,12 +367,13 @@ def prediction(
             dataset_images=int(summary["train_size"]), epochs=epochs,
             data="real" if summary["kind"] == "imagefolder" else "synthetic",  # in-memory data decodes nothing
         )  # fmt: skip
-        plan = predict_plan(w, machine or local.LOCAL, devices_per_node=k, factors=factors, home=home)
+        plan = predict_plan(w, machine or local.LOCAL, devices_per_node=workers, factors=factors, home=home,
+                            threads=layout["threads"])  # fmt: skip
     except UsageError as e:
         out["message"] = f"No prediction: {e}."
         return out
     out.update(
-        calibrated=True, precision=precision, epochs=epochs, global_batch=batch * k,
+        calibrated=True, precision=precision, epochs=epochs, global_batch=batch * workers,
         time_to_train_s=plan.time_to_train_s, images_per_s=plan.images_per_s, step_s=plan.step_s,
         compute_s=plan.compute_s, comm_s=plan.exposed_comm_s, scaling_efficiency=plan.scaling_efficiency,
     )  # fmt: skip
@@ -324,7 +385,7 @@ def prediction(
     where = f"machine {machine} (the pod runs as it)" if machine else f"this box as calibrated on {cal.when}"
     out["message"] = (
         f"{render.number(epochs)} epoch{'s' if epochs != 1 else ''} of {summary['train_size']:,} images at "
-        f"{precision}, {k} device{'s' if k != 1 else ''} × {batch}: the plan for {where}. Starting the workers "
+        f"{precision}, {layout['text']} × batch {batch}: the plan for {where}. Starting the workers "
         "and loading the data come on top."
     )
     return out
@@ -393,7 +454,7 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
     from deskpod.jobs.spec import parse_spec
 
     try:
-        parse_spec(spec, device_count=web.pod.device_count)  # the job spec's own limits (a name of 64 characters)
+        parse_spec(spec, device_count=web.pod.device_count)  # the job spec's own limits (a name of NAME_MAX characters)
     except ConfigError as e:
         field = next((f for f in TRAIN_FIELDS if str(e).startswith(f"job spec: {f} ")), None)
         if field:
@@ -401,7 +462,7 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
         else:
             out["error"] = str(e)
         return out
-    out.update(spec=spec, cli=cli_line(spec), curl=curl_line(spec, url))
+    out.update(spec=spec, cli=deskpod_line(web, cli_argv(spec)), curl=curl_line(spec, url))
     return out
 
 
@@ -529,6 +590,19 @@ def register(app: FastAPI, web: Any) -> None:
         if render.wants_json(request):
             return JSONResponse(job.to_json(), status_code=201)
         return RedirectResponse(f"{ROOT}/jobs/{job.id}", status_code=303)
+
+    @app.post("/new/calibrate")
+    async def calibrate(request: Request, who: Signed) -> Response:
+        """Queue this box's calibration job (`deskpod.web.calibration`), then back to the page it was asked from."""
+        from deskpod.web import calibration
+
+        fields = await form_csrf(request, who)
+        if web.pod.config.machine is not None:
+            raise ConflictError(f"this pod predicts for machine {web.pod.config.machine}; it needs no calibration")
+        job = await run_in_threadpool(calibration.start, web, who)
+        if render.wants_json(request):
+            return JSONResponse(job.to_json(), status_code=201)
+        return RedirectResponse(safe_next(fields.get("next")), status_code=303)
 
     @app.get("/datasets/samples.png")
     def samples_png(

@@ -27,8 +27,9 @@ its true label.
     POST /ui/models/<id>/try      predict: top-5 and latency (JSON with Accept: application/json)
 
 Only a deployment's owner (or an admin) sees, tries or stops it; anyone else gets a 404, as for a job that
-does not exist. The list shows every queued or active deployment and the latest stopped ones among the
-newest `SCAN_JOBS` jobs, so it costs the same with 10,000 jobs in the store.
+does not exist. The list shows every queued or active deployment and the latest `STOPPED_SHOWN` stopped ones,
+and the Deploy form the runs with a checkpoint among the newest `SCAN_RUNS` training jobs: the store selects jobs
+by kind, so any number of other jobs after them hides none, and the page costs the same with 10,000 jobs.
 """
 
 from __future__ import annotations
@@ -54,15 +55,16 @@ from deskpod.jobs.api import status_of
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.serve.images import ImagePreprocess, prepared_image
-from deskpod.train.runs import RunPaths, has_checkpoint
+from deskpod.train.runs import NAME_MAX, RunPaths, has_checkpoint
 from deskpod.web import render
+from deskpod.web.failures import failure
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
 
 Signed = Annotated[Viewer, Depends(viewer)]
 
-SCAN_JOBS = 500
-"""How many of the newest jobs are looked through for stopped deployments and for runs to deploy."""
+SCAN_RUNS = 500
+"""How many of the newest training jobs are looked through for runs to deploy (those with a checkpoint)."""
 STOPPED_SHOWN = 20
 MAX_UPLOAD_BYTES = 10 << 20
 """The largest image accepted for "try it"."""
@@ -215,6 +217,9 @@ def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = T
         "metadata": None,
         "can_stop": job.state in ACTIVE and not job.stop_reason,
     }
+    if job.state is JobState.FAILED:  # why, as the serve job's deskpod said it; not just its exit code
+        row.update(status="failed", detail=failure(web, job) or job.reason or "failed")
+        return row
     if job.state not in ACTIVE:
         row.update(status="stopped", detail=job.reason if job.reason not in ("", job.state.value) else "not serving")
         return row
@@ -256,18 +261,20 @@ def serve_job(web: Any, who: Viewer, job_id: str) -> JobRecord:
 
 
 def deployments(web: Any, who: Viewer) -> list[dict[str, Any]]:
+    """Every queued or active deployment, and the latest stopped ones (the store picks serve jobs by kind, so
+    any number of other jobs after them hides none)."""
     owner = who.owner_filter()
-    active = [j for j in web.store.jobs(user=owner, states=ACTIVE, limit=SCAN_JOBS) if j.spec.serve is not None]
-    stopped = [
-        j for j in web.store.jobs(user=owner, limit=SCAN_JOBS) if j.spec.serve is not None and j.state not in ACTIVE
-    ][:STOPPED_SHOWN]
+    active = web.store.jobs(user=owner, states=ACTIVE, kind="serve", limit=10_000)
+    stopped = web.store.jobs(user=owner, states=[s for s in JobState if s not in ACTIVE], kind="serve",
+                             limit=STOPPED_SHOWN)  # fmt: skip
     return [deployment(web, who, j) for j in sorted(active + stopped, key=lambda j: -j.id)]
 
 
 def deployable(web: Any, who: Viewer) -> list[dict[str, Any]]:
-    """The viewer's train jobs (an admin's: anyone's) whose run has a checkpoint, newest first."""
+    """The viewer's train jobs (an admin's: anyone's) whose run has a checkpoint, newest first, among their newest
+    `SCAN_RUNS` training jobs."""
     out = []
-    for j in web.store.jobs(user=who.owner_filter(), limit=SCAN_JOBS):
+    for j in web.store.jobs(user=who.owner_filter(), kind="train", limit=SCAN_RUNS):
         run = web.run_dir(j)
         if run is not None and has_checkpoint(run):
             out.append({"id": str(j.id), "name": j.name, "user": j.user, "state": j.state.value, "run": str(run)})
@@ -331,7 +338,7 @@ def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | N
         return None, errors
     name = train.name
     spec = {
-        "name": f"serve-{name}"[:64],
+        "name": f"serve-{name}"[:NAME_MAX],
         "devices": devices,
         "serve": {"run": str(run), "model": name, "format": fmt, "max_batch_size": batch,
                   "image_input": fields.get("image_input") == "true", "grpc": fields.get("grpc") == "true"},

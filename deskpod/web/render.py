@@ -36,15 +36,16 @@ def age(t: float | None, now: float | None = None) -> str:
 
 
 def duration(s: float | None) -> str:
+    """``42s``, ``1m 19s``, ``2h 05m``, ``3.2d``: seconds stay visible below an hour (a 79 s run is not "1m")."""
     if s is None or not math.isfinite(s):
         return "-"
-    s = max(0.0, s)
-    if s < 120:
-        return f"{s:.0f}s"
-    if s < 7200:
-        return f"{s / 60:.0f}m"
+    s = round(max(0.0, s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
     if s < 2 * 86400:
-        return f"{s / 3600:.1f}h"
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
     return f"{s / 86400:.1f}d"
 
 

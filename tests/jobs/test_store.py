@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from deskpod.jobs import auth
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.states import JobState
@@ -35,6 +37,21 @@ def test_filters_and_keyset_pages(tmp_path: Path) -> None:
     second = store.jobs(limit=2, before=first[-1].id)
     third = store.jobs(limit=2, before=second[-1].id)
     assert [j.id for j in first + second + third] == ids[::-1]
+
+
+def test_jobs_of_one_kind(tmp_path: Path) -> None:
+    """``kind`` selects in the store, so a page of one kind is never hidden behind newer jobs of others."""
+    store = _store(tmp_path)
+    specs = [{"train": {"model": "mlp"}}, {"command": ["x"]}, {"serve": {"run": "/r/runs/a"}}, {"command": ["y"]}]
+    ids = [store.submit("alice", parse_spec(s), 1, 1.0).id for s in specs]
+    assert [j.id for j in store.jobs(kind="train")] == [ids[0]] and store.count(kind="train") == 1
+    assert [j.id for j in store.jobs(kind="serve", user="alice")] == [ids[2]] and store.jobs(
+        kind="serve", user="bob"
+    ) == []
+    assert [j.id for j in store.jobs(kind="command", limit=1)] == [ids[3]] and store.count(kind="command") == 2
+    assert [j.id for j in store.jobs(kind="command", before=ids[3])] == [ids[1]]
+    with pytest.raises(ValueError, match="job kind 'notebook'"):
+        store.jobs(kind="notebook")
 
 
 def test_sessions_expire_and_end(tmp_path: Path) -> None:

@@ -74,3 +74,35 @@ def test_round_trip(tmp_path: Path) -> None:
     (tmp_path / "c.toml").write_text(dump_config(cfg))
     assert load_config(tmp_path / "c.toml") == cfg
     assert isinstance(cfg, TrainConfig)
+
+
+def test_one_name_limit_for_runs_jobs_and_scripts() -> None:
+    """A run is named after its pod job: the trainer, the job spec and ``deskpod run`` take the same names."""
+    from deskpod.jobs.spec import parse_spec
+    from deskpod.train.runs import NAME_MAX, NAME_RE, default_run_name
+    from deskpod.train.script import default_name
+
+    longest, over = "r" * NAME_MAX, "r" * (NAME_MAX + 1)
+    assert build_config(None, {"name": longest}).name == longest
+    assert parse_spec({"name": longest, "train": {"model": "convnet"}}).name == longest
+    for refuse in (lambda: build_config(None, {"name": over}), lambda: parse_spec({"name": over, "command": ["x"]})):
+        with pytest.raises(ConfigError, match=f"1-{NAME_MAX} letters"):
+            refuse()
+    # names made up for a run nobody named are valid ones, however long the model, data or script
+    made = default_run_name("my.package.with_a_rather_long_module_name:build_the_model_" + "x" * 60,
+                            "imagefolder:/data/" + "y" * 80)  # fmt: skip
+    assert NAME_RE.match(made) and len(made) <= NAME_MAX, made
+    assert NAME_RE.match(default_name(["/tmp/" + "s" * 100 + ".py"]))
+
+
+def test_the_resolved_config_says_what_the_data_imposed(tmp_path: Path) -> None:
+    """Fashion-MNIST has 10 classes of 28×28 images whatever num_classes and image_size say by default: the run's
+    config.toml (what the dashboard shows as the run's config) says 10 and 28."""
+    from deskpod.train.launcher import prepare
+
+    plan = prepare(None, {"data": "fashion-mnist", "model": "convnet", "out": str(tmp_path), "name": "fm",
+                          "devices": "1"}, resume=False)  # fmt: skip
+    assert (plan.cfg.num_classes, plan.cfg.image_size) == (10, 28) == (plan.data.num_classes, plan.data.image_size[0])
+    synthetic = prepare(None, {"data": "synthetic:1x8x6", "model": "mlp", "num_classes": 3, "out": str(tmp_path),
+                               "name": "syn", "devices": "1"}, resume=False).cfg  # fmt: skip
+    assert (synthetic.num_classes, synthetic.image_size) == (3, 224)  # no side to say; the classes are its own

@@ -4,12 +4,21 @@ picker and its shareable URL, and bad id lists. The runs' folders are written by
 from __future__ import annotations
 
 import json
+import shlex
+import time
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.jobs.pods import Pod
+from deskpod.jobs.auth import ADMIN
+from deskpod.jobs.spec import parse_spec
+from deskpod.jobs.states import JobState
+from deskpod.jobs.store import Store
+from tests.jobs.pods import Pod, Pods
+from tests.web.browser import sign_in
 from tests.web.test_jobpage import hold_every_device, queued_train, run_folder, train_row, write_rows
 
 
@@ -37,7 +46,7 @@ def two_runs(web_pod: Pod, blocker: dict[str, Any]) -> tuple[dict[str, Any], dic
 
 
 def test_two_runs_overlaid_with_their_config_difference(
-    admin: httpx.Client, two_runs: tuple[dict[str, Any], dict[str, Any]]
+    web_pod: Pod, admin: httpx.Client, two_runs: tuple[dict[str, Any], dict[str, Any]]
 ) -> None:
     a, b = two_runs
     got = admin.get("/ui/compare.json", params={"jobs": f"{a['id']},{b['id']}"})
@@ -70,6 +79,13 @@ def test_two_runs_overlaid_with_their_config_difference(
     assert f"/ui/compare?jobs={a['id']},{b['id']}" in html  # the link to share
     assert 'id="chart-loss-train"' in html and "/static/compare.js" in html
     assert "87.5%" in html  # the final metrics from summary.json
+    assert data["tensorboard"] is None and 'id="tensorboard-command"' not in html  # no events yet
+
+    for job in (a, b):
+        (run_folder(web_pod, job) / "tb").mkdir(exist_ok=True)
+    both = admin.get("/ui/compare.json", params={"jobs": f"{a['id']},{b['id']}"}).json()["tensorboard"]
+    spec = ",".join(f"job{j['id']}:{run_folder(web_pod, j) / 'tb'}" for j in (a, b))
+    assert shlex.split(both) == ["tensorboard", "--logdir_spec", spec, "--host", "127.0.0.1", "--port", "6006"]
 
 
 def test_the_picker_lists_train_jobs_and_makes_a_shareable_url(
@@ -98,3 +114,33 @@ def test_bad_id_lists_say_what_is_wrong(
     many = admin.get("/ui/compare.json", params={"jobs": ",".join(str(i) for i in range(1, 10))})
     assert many.status_code == 400 and "at most 8" in many.json()["error"]
     assert admin.get("/ui/compare.json", params={"jobs": f"{a['id']},99999"}).status_code == 404
+
+
+def test_old_training_runs_are_found_behind_thousands_of_newer_jobs(tmp_path: Path) -> None:
+    """Compare's picker and Models' Deploy form ask the store for training jobs by kind: 2,100 newer jobs of other
+    kinds (a real pod's store) hide none of them."""
+    pods = Pods(tmp_path)
+    pod = pods()
+    try:
+        hold_every_device(pod)
+        train = queued_train(pod, "old-run")
+        (run_folder(pod, train) / "checkpoints").mkdir()
+        (run_folder(pod, train) / "checkpoints" / "step-00000010.pt").write_bytes(b"0")
+        pod.stop()
+        store = Store(pod.home / "pod.db")  # the daemon is down: fill its store as 2,100 submissions would
+        now = time.time()
+        for i in range(2100):
+            kind = {"serve": {"run": str(run_folder(pod, train))}} if i % 700 == 0 else {"command": ["true"]}
+            job = store.submit(ADMIN, parse_spec({"name": f"later-{i}", **kind}), 1, now)
+            store.transition(job.id, JobState.CANCELLED, "cancelled by the test", finished_at=now)
+        store.close()
+        assert all(j.spec.train is None for j in Store(pod.home / "pod.db").jobs(limit=2000))
+        again = pods(home=pod.home)
+        with closing(sign_in(again)) as c:
+            picker = c.get("/ui/compare.json").json()["picker"]
+            assert [p["id"] for p in picker] == [train["id"]]
+            models = c.get("/ui/models.json").json()
+            assert [r["id"] for r in models["runs"]] == [train["id"]]
+            assert len(models["deployments"]) == 3 and {d["status"] for d in models["deployments"]} == {"stopped"}
+    finally:
+        pods.stop_all()

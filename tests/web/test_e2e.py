@@ -1,4 +1,5 @@
-"""The dashboard end to end in Debian's Chromium (Playwright), against a real pod that trains for real.
+"""The dashboard end to end in Debian's Chromium (Playwright), against a real pod that trains for real: root's
+pod with its default sandbox, as users run it (every job walled in, the pod's home hidden from it).
 
 DIGITS' three buttons and what follows them: sign in, pick Fashion-MNIST, pick the convnet, start a
 short CPU training, watch its chart gain points live, see it finish, deploy it, upload a test image and
@@ -42,7 +43,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
             pytest.skip("DESKPOD_NO_BROWSER=1: the browser tests are skipped on purpose")
         pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium for these tests")
     pods = Pods(tmp_path_factory.mktemp("e2e"))
-    started = pods()
+    started = pods(sandbox=True)  # as users run it: root's pod, every job in its sandbox
     topology = local_topology()
     if topology.device_count == RECORDED["devices"]:
         save(fit_local(Measurements(**RECORDED), topology), started.home)  # type: ignore[arg-type]
@@ -153,7 +154,10 @@ def test_three_clicks_to_a_trained_served_model(browser: Any, pod: Pod, shots: P
     page.get_by_label("Devices", exact=True).fill("1")
     page.get_by_role("button", name="Deploy").click()
     row = page.locator("tr[data-deployment]").first
-    expect(row.locator("[data-field=status]")).to_have_text("ready", timeout=120_000)
+    try:
+        expect(row.locator("[data-field=status]")).to_have_text("ready", timeout=120_000)
+    except AssertionError:  # the page says why (the serve job's own words): put it in the failure
+        raise AssertionError(f"the deployment is not ready: {row.inner_text()}") from None
     page.screenshot(path=str(shots / "models.png"), full_page=True)
     row.get_by_role("link", name="Try it").click()
     image = tmp_path / "test-sample.png"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from contextlib import closing
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.jobs.pods import Pod, Pods, wait_state
+from deskpod.jobs.forecast import HORIZON
+from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for, wait_state
 from tests.web.browser import csrf_of, new_user, sign_in
 
 
@@ -79,6 +81,24 @@ def test_queued_jobs_show_their_position_reason_and_estimated_start(tmp_path: py
             assert rows[second["id"]]["reason"].startswith("waiting behind job")
             html = web.get("/ui/jobs").text
             assert "#1 in queue" in html and "estimated start in" in html
+            assert rows[first["id"]]["estimate_note"] == ""
+
+            # estimates stop after the forecast's horizon, and the jobs behind it say so
+            more = [c.submit({"name": f"far-{i}", "command": ["true"], "devices": 1, "max_runtime": 10})["id"]
+                    for i in range(HORIZON)]  # fmt: skip
+
+            def placed() -> dict[str, dict[str, Any]] | None:  # the forecast is reused for up to a second
+                got = {j["id"]: j for j in web.get("/ui/jobs.json", params={"limit": 500}).json()["jobs"]}
+                return got if all(got[i]["position"] for i in more) else None
+
+            rows = wait_for(placed, 30, "every job to have its place in the queue")  # type: ignore[assignment]
+            behind = [i for i in more if rows[i]["position"] > HORIZON]
+            assert behind and all(rows[i]["position"] <= HORIZON for i in more if i not in behind)
+            for i in more:
+                assert (rows[i]["estimate_note"] != "") == (i in behind) == (rows[i]["estimated_start"] is None)
+            note = f"no estimated start: only the first {HORIZON} jobs of the queue are played forward"
+            assert rows[behind[0]]["estimate_note"] == note
+            assert note in web.get("/ui/jobs", params={"limit": 5}).text  # the newest: behind the horizon
             c.cancel(blocker["id"])
     finally:
         pods.stop_all()
@@ -114,3 +134,47 @@ def test_a_foreign_job_is_not_found(web_pod: Pod) -> None:
             assert r.status_code == 404 and "no job" in r.text
     assert web_pod.client(owner).job(job["id"])["state"] in ("queued", "starting", "running")
     web_pod.client(owner).cancel(job["id"])
+
+
+def test_bulk_cancel_and_requeue_touch_only_the_viewers_jobs(web_pod: Pod) -> None:
+    hank, ivy = new_user(web_pod, "hank"), new_user(web_pod, "ivy")
+    api = web_pod.client(hank)
+    mine = [api.submit({"name": f"bulk-{i}", "command": python_job(SLEEPER)})["id"] for i in range(3)]
+    theirs = web_pod.client(ivy).submit({"name": "ivys", "command": ["sleep", "60"]})["id"]
+    with closing(sign_in(web_pod, hank)) as c:
+        html = c.get("/ui/jobs").text
+        assert all(f'name="job" value="{i}" form="bulk"' in html for i in mine) and f'value="{theirs}"' not in html
+        token = csrf_of(c)
+        r = c.post("/ui/jobs/bulk", data={"action": "cancel", "job": mine, "confirmed": "1"})
+        assert r.status_code == 403  # no CSRF token: nothing done
+        r = c.post("/ui/jobs/bulk", data={"csrf": token, "action": "cancel", "job": mine})
+        assert r.status_code == 200 and "Cancel 3 jobs?" in r.text  # without JavaScript: asked first
+        assert all(f'name="job" value="{i}"' in r.text for i in mine)
+        assert all(api.job(i)["state"] != "cancelled" for i in mine)
+        r = c.post("/ui/jobs/bulk", data={"csrf": token, "action": "cancel", "job": [*mine, theirs]})
+        assert r.status_code == 404  # another user's job is not there to be asked about
+
+        # confirmed, with another user's job slipped in: it is refused as unknown, the viewer's are cancelled
+        r = c.post("/ui/jobs/bulk", data={"csrf": token, "action": "cancel", "job": [theirs, *mine], "confirmed": "1",
+                                          "next": "/ui/jobs?state=cancelled"})  # fmt: skip
+        assert r.status_code == 200 and f"Job {theirs}: no job" in r.text and "3 done, 1 refused" in r.text
+        for i in mine:
+            wait_state(api, i, "cancelled")
+        assert web_pod.client(ivy).job(theirs)["state"] in ("queued", "starting", "running")
+        r = c.post("/ui/jobs/bulk", data={"csrf": token, "action": "cancel", "job": mine, "confirmed": "1",
+                                          "next": "/ui/jobs?state=cancelled"})  # fmt: skip
+        assert r.status_code == 303 and r.headers["location"] == "/ui/jobs?state=cancelled"  # nothing refused
+
+        # a script gets what became of each job (requeue needs no confirmation)
+        r = c.post("/ui/jobs/bulk", data={"action": "requeue", "job": mine, "csrf": token},
+                   headers={"Accept": "application/json"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        assert [j["id"] for j in doc["done"]] == mine and doc["errors"] == {}
+        assert all(j["state"] in ("queued", "starting", "running") for j in doc["done"])
+        bad = c.post("/ui/jobs/bulk", data={"action": "delete", "job": mine, "csrf": token},
+                     headers={"Accept": "application/json"})  # fmt: skip
+        assert bad.status_code == 400 and "choose cancel or requeue" in bad.json()["error"]
+    for i in mine:
+        api.cancel(i)
+    web_pod.client(ivy).cancel(theirs)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -125,6 +128,8 @@ def test_page_and_twin_show_the_run(web_pod: Pod, admin: httpx.Client, blocker: 
     for step in (3000, 7500):
         (run / "checkpoints" / f"step-{step:08d}.pt").write_bytes(b"0" * 1000)
     (run / "config.toml").write_text('model = "mlp"\nlr = 0.1\n[extra]\nseed = 3\n')
+    (run / "summary.json").write_text(json.dumps({"state": "completed", "wall_time_s": 79.3}))
+    (run / "tb").mkdir()
 
     twin = admin.get(f"/ui/jobs/{job['id']}.json")
     assert twin.status_code == 200, twin.text
@@ -152,6 +157,23 @@ def test_page_and_twin_show_the_run(web_pod: Pod, admin: httpx.Client, blocker: 
     assert 'id="chart-loss"' in html and "step-00007500.pt" in html and "extra.seed" in html
     assert 'id="job-data"' in html and "/static/charts.js" in html
     assert 'id="act-stacks" hidden' in html  # queued: nothing to look at
+    assert '<span class="v" title="79.3 s">1m 19s</span>' in html  # a 79 s run is not "1m"
+    tb = ["tensorboard", "--logdir", str(run / "tb"), "--host", "127.0.0.1", "--port", "6006"]
+    assert data["commands"]["tensorboard"] == shlex.join(tb) and 'id="tensorboard-command"' in html
+
+    # a tb/ that is a link is not offered (the run's folder is its user's to arrange)
+    (run / "tb").rmdir()
+    (run / "tb").symlink_to(web_pod.home)
+    assert admin.get(f"/ui/jobs/{job['id']}.json").json()["commands"]["tensorboard"] is None
+
+
+def test_the_logs_command_works_when_pasted(web_pod: Pod, admin: httpx.Client, blocker: dict[str, Any]) -> None:
+    line = admin.get(f"/ui/jobs/{blocker['id']}.json").json()["commands"]["logs"]
+    assert line == f"DESKPOD_SOCKET={web_pod.home / 'pod.sock'} deskpod logs {blocker['id']}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DESKPOD_")}
+    env.update(HOME="/nonexistent", PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}")
+    done = subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "blocker up" in done.stdout, done.stderr
 
 
 def test_a_new_row_arrives_as_a_delta_and_a_reconnect_resumes(

@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
+from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -25,8 +30,8 @@ from deskpod.plan.workload import Workload
 from deskpod.train.config import build_config
 from deskpod.web import launch
 from deskpod.web.networks import count, model_cost
-from tests.jobs.pods import Pod, wait_for, wait_state
-from tests.web.browser import hidden, launch_chromium, open_signed_in
+from tests.jobs.pods import Pod, Pods, wait_for, wait_state
+from tests.web.browser import csrf_of, hidden, launch_chromium, open_signed_in, sign_in
 
 STEP3 = {"data": "fashion-mnist", "model": "convnet", "steps": "60", "batch_size": "32"}
 
@@ -178,8 +183,8 @@ def test_preview_has_placement_ring_cli_and_curl(pod: Pod, admin: httpx.Client) 
     place = doc["placement"]
     assert len(place["devices"]) == 1 and set(place["devices"]) <= set(place["free"])
     assert place["ring"]["bandwidth"] == 0.0 and "no ring" in place["ring_text"]
-    assert doc["cli"] == ("deskpod train --submit --model convnet --data fashion-mnist --steps 60 --batch-size 32 "
-                          "--optimizer adamw --devices 1")  # fmt: skip
+    assert doc["cli"] == (f"DESKPOD_SOCKET={pod.home / 'pod.sock'} deskpod train --submit --model convnet "
+                          "--data fashion-mnist --steps 60 --batch-size 32 --optimizer adamw --devices 1")  # fmt: skip
     words = shlex.split(doc["curl"])
     assert words[:3] == ["curl", "-X", "POST"] and words[-1] == f"{pod.url}/v1/jobs"
     assert "Authorization: Bearer $DESKPOD_TOKEN" in words
@@ -225,14 +230,115 @@ def test_prediction_when_calibrated_and_a_plain_message_when_not(pod: Pod, admin
         assert [r[0] for r in got["rows"]] == ["Time to train", "Images/s", "Step time"]
         slower = admin.get("/ui/new/preview.json", params={**query, "steps": "600"}).json()["prediction"]
         assert slower["time_to_train_s"] == pytest.approx(10 * got["time_to_train_s"], rel=1e-9)
+        # every device: the plan is for the workers and threads the trainer will run, not one worker per slot
+        every = admin.get("/ui/new/preview.json", params={**query, "devices": "all"}).json()["prediction"]
+        layout = every["layout"]
+        w = Workload(model_cost(counted, (1, 28, 28)), batch=32, precision="fp32", dataset_images=60_000,
+                     epochs=60 * 32 * layout["workers"] / 60_000, data="synthetic")  # fmt: skip
+        plan = predict_plan(w, "local", devices_per_node=layout["workers"], factors=cal.factors, home=pod.home,
+                            threads=layout["threads"])  # fmt: skip
+        assert every["images_per_s"] == pytest.approx(plan.images_per_s, rel=1e-9)
+        assert every["global_batch"] == 32 * layout["workers"] and layout["text"] in every["message"]
         shown = admin.get("/ui/new", params=query).text
         assert "Time to train" in shown and "not calibrated" not in shown
     finally:
         cal_file.unlink()
 
 
+def test_the_predicted_layout_is_the_one_the_trainer_runs(pod: Pod, admin: httpx.Client) -> None:
+    """The preview's workers × threads for a job are what its trainer then starts (its run's launch.json)."""
+    api = pod.client()
+    for devices in ("1", "all"):
+        wait_for(lambda: all(d["job"] is None for d in api.status()["devices"]), 60, "every device to be free")
+        choices = {**STEP3, "devices": devices, "name": f"layout-{devices}"}
+        layout = admin.get("/ui/new/preview.json", params=choices).json()["prediction"]["layout"]
+        r = admin.post("/ui/new", data={**choices, "csrf": csrf_of(admin, "/ui/new"), "action": "start"},
+                       headers={"Accept": "application/json"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        job = r.json()
+        launched = pod.home / "jobs" / job["id"] / "runs" / job["name"] / "launch.json"
+        try:
+            wait_for(launched.is_file, 120, f"job {job['id']} to write its launch.json")
+            ran = json.loads(launched.read_text())
+        finally:
+            _stop(pod, job["id"])
+        assert (len(ran["devices"]), ran["threads"]) == (layout["workers"], layout["threads"]), (devices, layout)
+
+
+def test_a_calibration_job_fits_the_measurements_not_the_file(tmp_path: Path) -> None:
+    """The calibration job's file is its user's: the pod takes the measured figures from it and fits them itself."""
+    from deskpod.jobs.spec import parse_spec
+    from deskpod.jobs.states import JobState
+    from deskpod.jobs.store import Store
+    from deskpod.plan.local import Calibration, calibration_path, load
+    from deskpod.web import calibration
+
+    store = Store(tmp_path / "pod.db")
+    store.add_user("ann", False)
+    job = store.submit("ann", parse_spec(calibration.job_spec()), 1, 0.0)
+    for state in (JobState.STARTING, JobState.RUNNING, JobState.SUCCEEDED):
+        store.transition(job.id, state, "by the test")
+    folder = tmp_path / "jobs" / str(job.id)
+    folder.mkdir(parents=True)
+    web = SimpleNamespace(home=tmp_path, store=store, pod=SimpleNamespace(job_folder=lambda j: folder))
+    assert calibration.collect(web) is None  # nothing awaited
+    calibration._remember(web, store.job(job.id))
+    topology = local_topology()
+    measured = Measurements(kind="cpu", devices=topology.device_count, cores=2, peak_tflops=0.1,
+                            memory_bandwidth_gbs=20.0, model="resnet18", batch=8, shape=(3, 112, 112),
+                            images_per_s=30.0 * topology.device_count, comm_busbw_gbs=2.0)  # fmt: skip
+    honest = fit_local(measured, topology)
+    forged = Calibration(measured, replace(honest.factors, cpu_compute_efficiency=1e6), 1.0, honest.when)
+    (folder / "local.json").symlink_to(tmp_path / "elsewhere.json")  # a link is not read
+    (tmp_path / "elsewhere.json").write_text(forged.to_json())
+    assert "left no calibration" in calibration.collect(web)["message"]  # type: ignore[index]
+    assert not calibration_path(tmp_path).exists()
+    (folder / "local.json").unlink()
+    (folder / "local.json").write_text(forged.to_json())
+    assert calibration.collect(web) is None
+    assert load(tmp_path).factors == honest.factors and calibration.waiting_job(web) is None
+
+
+@pytest.mark.slow
+def test_the_page_calibrates_the_box_in_the_background(tmp_path: Path) -> None:
+    """A fresh pod has no calibration: the page offers a calibration job, says while it runs, then predicts (root's
+    pod with its sandbox: the job measures inside its walls and hands its figures over through its folder)."""
+    pods = Pods(tmp_path)
+    pod = pods(sandbox=True)
+    try:
+        with closing(sign_in(pod)) as c:
+            query = {**STEP3, "devices": "1"}
+            before = c.get("/ui/new/preview.json", params=query).json()["prediction"]
+            assert before["calibrated"] is False and before["can_calibrate"] and before["calibration_job"] is None
+            assert 'id="calibrate-form" hidden' not in c.get("/ui/new", params=query).text
+            token = csrf_of(c, "/ui/new")
+            r = c.post("/ui/new/calibrate", data={"csrf": token, "next": "/ui/new?data=fashion-mnist"})
+            assert r.status_code == 303 and r.headers["location"] == "/ui/new?data=fashion-mnist"
+            job = pod.client().jobs(name="calibrate")[0]
+            again = c.post("/ui/new/calibrate", data={"csrf": token}, headers={"Accept": "application/json"})
+            assert again.status_code == 201 and again.json()["id"] == job["id"]  # one at a time
+            waiting = c.get("/ui/new/preview.json", params=query).json()["prediction"]
+            assert waiting["calibration_job"]["job"] == job["id"] and not waiting["can_calibrate"]
+            assert f"Calibration job {job['id']}" in waiting["message"]
+            wait_state(pod.client(), job["id"], "succeeded", timeout=600)
+            after = c.get("/ui/new/preview.json", params=query).json()["prediction"]
+            assert after["calibrated"] is True and after["rows"][0][0] == "Time to train", after
+            assert (pod.home / "plan" / "local.json").is_file()
+            assert 'id="calibrate-form" hidden' in c.get("/ui/new", params=query).text
+    finally:
+        pods.stop_all()
+
+
 # --------------------------------------------------------------------------- submitting
-def test_start_queues_the_job_the_cli_line_queues(pod: Pod, admin: httpx.Client) -> None:
+def pasted(line: str, home: Path) -> subprocess.CompletedProcess[str]:
+    """``line`` run by a shell on this box as a user would paste it: ``deskpod`` on the PATH, and nothing in the
+    environment that says where a pod is (no DESKPOD_URL, DESKPOD_HOME, token file; a HOME of its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DESKPOD_")}
+    env.update(HOME=str(home), PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}")
+    return subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_start_queues_the_job_the_cli_line_queues(pod: Pod, admin: httpx.Client, tmp_path: Path) -> None:
     choices = {**STEP3, "devices": "1", "lr": "0.05", "name": "from-the-page"}
     preview = admin.get("/ui/new/preview.json", params=choices).json()
     csrf = hidden(admin.get("/ui/new", params=choices).text, "csrf")
@@ -245,14 +351,13 @@ def test_start_queues_the_job_the_cli_line_queues(pod: Pod, admin: httpx.Client)
     assert page_job["kind"] == "train" and page_job["name"] == "from-the-page"
     assert page_job["spec"]["train"] == preview["spec"]["train"]
 
-    argv = shlex.split(preview["cli"])
-    done = pod.cli(*argv[1:])  # the very line the page shows, through `deskpod train --submit`
+    done = pasted(preview["cli"], tmp_path)  # the very line the page shows, pasted in a shell on the box
     assert done.returncode == 0, done.stderr
     cli_id = re.search(r"submitted job (\d+)", done.stdout)
     assert cli_id, done.stdout
     cli_job = pod.client().job(cli_id.group(1))
     _stop(pod, cli_job["id"])
-    assert cli_job["spec"] == page_job["spec"]
+    assert cli_job["spec"] == page_job["spec"] and cli_job["user"] == page_job["user"]
 
     words = shlex.split(preview["curl"])
     body = json.loads(words[words.index("-d") + 1])
@@ -354,7 +459,7 @@ def test_prediction_on_the_catalog_machine_the_pod_runs_as(tmp_path: Path) -> No
 def _fake_web(tmp_path: Path, place: Any, held: tuple[int, ...] = ()) -> Any:
     status = {"devices": [{"index": d, "job": "7" if d in held else None} for d in range(4)], "queued": 1}
     pod = SimpleNamespace(device_count=4, device_kind="cpu", status=lambda: status, place=place, topology=None,
-                          config=SimpleNamespace(machine=None))  # fmt: skip
+                          config=SimpleNamespace(machine=None, socket=None))  # fmt: skip
     return SimpleNamespace(pod=pod, home=tmp_path, cache={})
 
 
@@ -427,7 +532,8 @@ def test_the_preview_follows_the_fields_in_chromium(pod: Pod) -> None:
             page.get_by_label("Steps").fill("60")
             batch.fill("16")
             expect(page.locator("#pv-cli")).to_have_text(
-                "deskpod train --submit --model convnet --data fashion-mnist --steps 60 --batch-size 16"
+                f"DESKPOD_SOCKET={pod.home / 'pod.sock'} deskpod train --submit --model convnet --data fashion-mnist "
+                "--steps 60 --batch-size 16"
             )
             expect(batch).not_to_have_attribute("aria-invalid", "true")
             assert "steps=60" in page.url and "batch_size=16" in page.url  # a reload keeps the form

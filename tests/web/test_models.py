@@ -11,6 +11,9 @@ import io
 import json
 import os
 import re
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +28,7 @@ from PIL import Image
 from deskpod.errors import ConfigError, ConflictError, NotFoundError
 from deskpod.jobs.states import JobState
 from deskpod.web import images, models, render
-from tests.jobs.pods import SLEEPER, Pod, python_job, wait_for, wait_state
+from tests.jobs.pods import SLEEPER, Pod, free_port, python_job, wait_for, wait_state
 from tests.serve.test_deploy import LABELS, make_run
 from tests.web.browser import csrf_of, new_user, sign_in
 
@@ -223,6 +226,49 @@ def test_deploy_bad_values_are_named_and_nothing_is_submitted(web_pod: Pod, admi
         api.cancel(job["id"])
 
 
+def test_a_failed_deployment_says_why(web_pod: Pod, admin: httpx.Client, tiny_run: Path) -> None:
+    """A deploy that cannot start (here: the run's only checkpoint is damaged) shows what its ``deskpod serve``
+    said, on the Models page and on the job's page, not only its exit code."""
+    api = web_pod.client()
+    train = api.submit({"name": "damaged", "devices": 1, "train": {"model": "mlp", "data": "imagefolder:/nowhere"}})
+    wait_state(api, train["id"], "failed", timeout=120)  # the trainer refuses the data: it said so too
+    job_page = admin.get(f"/ui/jobs/{train['id']}.json").json()
+    assert "imagefolder path '/nowhere' does not exist" in job_page["failure"]
+    run = web_pod.home / "jobs" / train["id"] / "runs" / "damaged"
+    (run / "checkpoints").mkdir(parents=True)
+    good = next((tiny_run / "checkpoints").iterdir())
+    (run / "checkpoints" / good.name).write_bytes(good.read_bytes()[:100])  # cut short: no zip directory
+    r = admin.post("/ui/models/deploy", data={"csrf": csrf_of(admin, "/ui/models"), "job": train["id"], "devices": "1",
+                                              "format": "onnx", "max_batch_size": "4"})  # fmt: skip
+    assert r.status_code == 303, r.text
+    job_id = r.headers["location"].rsplit("-", 1)[1]
+    done = wait_state(api, job_id, "failed", timeout=120)
+    assert done["reason"] == "exit code 2"  # all the pod itself knows
+    d = deployment_of(admin, job_id)
+    assert d is not None and d["status"] == "failed", d
+    said = f"run {run}: no loadable checkpoint in {run / 'checkpoints'}: checkpoint {run / 'checkpoints' / good.name} "
+    assert d["detail"].startswith(said) and "is corrupt and was not loaded" in d["detail"]
+    assert d["detail"] in admin.get("/ui/models").text.replace("&#39;", "'")
+    page = admin.get(f"/ui/jobs/{job_id}")
+    assert 'id="st-failure"' in page.text and admin.get(f"/ui/jobs/{job_id}.json").json()["failure"] == d["detail"]
+
+
+def test_a_job_cannot_make_the_page_read_a_file_through_its_log(
+    web_pod: Pod, admin: httpx.Client, tmp_path: Path
+) -> None:
+    """A job that swaps its output.log for a link to a file it names gets no line of that file shown as its failure."""
+    secret = tmp_path / "secret"
+    secret.write_text("deskpod: the secret in a file the job links to\n")
+    code = ("import os, sys; log = os.path.join(os.environ['DESKPOD_JOB_DIR'], 'output.log'); os.remove(log); "
+            f"os.symlink({str(secret)!r}, log); sys.exit(2)")  # fmt: skip
+    api = web_pod.client()
+    job = api.submit({"name": "linker", "command": python_job(code), "devices": 1})
+    wait_state(api, job["id"], "failed", timeout=60)
+    assert (web_pod.home / "jobs" / job["id"] / "output.log").is_symlink()
+    doc = admin.get(f"/ui/jobs/{job['id']}.json").json()
+    assert doc["failure"] is None and 'id="st-failure"' not in admin.get(f"/ui/jobs/{job['id']}").text
+
+
 def test_deploy_of_a_run_you_may_not_see_is_404(web_pod: Pod, admin: httpx.Client) -> None:
     api = web_pod.client()
     job = api.submit({"name": "admins", "command": python_job("pass"), "devices": 1})
@@ -341,6 +387,31 @@ def test_stopped_deployment_is_listed_as_stopped(web_pod: Pod, admin: httpx.Clie
     assert "This deployment is not serving" in admin.get(f"/ui/models/{job_id}/try").text
 
 
+def assert_tensorboard_serves(line: str, tag: str) -> None:
+    """Run the page's TensorBoard line for real (on a free port instead of 6006) and find the run's ``tag``."""
+    argv = shlex.split(line)
+    assert argv[0] == "tensorboard" and argv[argv.index("--host") + 1] == "127.0.0.1"
+    port = free_port()
+    argv[argv.index("--port") + 1] = str(port)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "tensorboard"), *argv[1:]],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+
+        def tags() -> dict[str, Any] | None:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5, trust_env=False)
+            except httpx.HTTPError:
+                return None
+            doc = r.json() if r.status_code == 200 else {}
+            return doc if any(tag in t for t in doc.values()) else None
+
+        found = wait_for(tags, 120, f"TensorBoard to serve the run's {tag}")
+        assert isinstance(found, dict)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.slow
 def test_train_deploy_try_stop(web_pod: Pod, admin: httpx.Client) -> None:
     """The whole flow on a real (5-step) Fashion-MNIST training: deploy it through the form, try it, stop it."""
@@ -348,6 +419,10 @@ def test_train_deploy_try_stop(web_pod: Pod, admin: httpx.Client) -> None:
     train = {"model": "mlp", "data": "fashion-mnist", "steps": 5, "batch_size": 32, "log_every_steps": 1}
     train_id = str(api.submit({"name": "fm", "devices": 1, "train": train})["id"])
     wait_state(api, train_id, "succeeded", timeout=240)
+    run_page = admin.get(f"/ui/jobs/{train_id}.json").json()
+    config = run_page["config"]["values"]  # what the trainer used, not the defaults Fashion-MNIST ignores
+    assert config["data"] == "fashion-mnist" and (config["num_classes"], config["image_size"]) == (10, 28)
+    assert_tensorboard_serves(run_page["commands"]["tensorboard"], "train/loss")
     page = admin.get("/ui/models")
     assert f'<option value="{train_id}"' in page.text
     r = admin.post("/ui/models/deploy", data={"csrf": csrf_of(admin, "/ui/models"), "job": train_id, **BAD_DEPLOY})

@@ -24,10 +24,13 @@ const deskpod = (() => {
   }
 
   // <form data-confirm="Cancel job 3?">: ask in a dialog first (the server asks again without JavaScript).
+  // data-confirm-for="cancel": ask only when the button pressed has that value (a form with several actions).
   function confirmForms() {
     for (const form of document.querySelectorAll("form[data-confirm]")) {
       form.addEventListener("submit", (ev) => {
         if (form.dataset.confirmed === "1") return;
+        const submitter = ev.submitter || null;
+        if (form.dataset.confirmFor && (!submitter || submitter.value !== form.dataset.confirmFor)) return;
         ev.preventDefault();
         const dlg = document.createElement("dialog");
         dlg.setAttribute("aria-labelledby", "confirm-text");
@@ -51,7 +54,7 @@ const deskpod = (() => {
           flag.type = "hidden"; flag.name = "confirmed"; flag.value = "1";
           form.append(flag);
           dlg.close(); dlg.remove();
-          form.requestSubmit();
+          form.requestSubmit(submitter);  // the same button: its name and value go with the form
         });
         dlg.showModal();
         no.focus();

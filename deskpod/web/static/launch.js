@@ -66,6 +66,12 @@
     const pr = doc.prediction;
     showRows(pr ? pr.rows : []);
     text("pv-prediction", pr ? pr.message : "Fix the values above to see the plan.");
+    text("pv-layout", pr && pr.layout ? pr.layout.text + " (the trainer's layout, which the prediction assumes)." : "");
+    const cal = byId("calibrate-form");
+    if (cal) {
+      cal.hidden = !(pr && pr.can_calibrate);
+      cal.elements.next.value = location.pathname + location.search; // back to this form after queueing it
+    }
     text("pv-cli", doc.cli || "Fix the values marked above to see the command.");
     text("pv-curl", doc.curl || "Fix the values marked above to see the request.");
   }

@@ -7,7 +7,7 @@
   const cfg = JSON.parse(el.textContent);
   const WAITING = new Set(["queued", "starting", "stopping"]);
   // Status -> the stylesheet's state colour (the same table as the templates').
-  const TONES = { ready: "running", starting: "queued", queued: "queued", stopping: "preempted", error: "failed", stopped: "stopped" };
+  const TONES = { ready: "running", starting: "queued", queued: "queued", stopping: "preempted", error: "failed", failed: "failed", stopped: "stopped" };
   const live = document.getElementById("models-live"); // the Try page's status line is a live region itself
 
   // The chosen file, shown before it is sent (a blob: URL; nothing leaves the browser until Predict).
