@@ -459,7 +459,7 @@ def test_prediction_on_the_catalog_machine_the_pod_runs_as(tmp_path: Path) -> No
 def _fake_web(tmp_path: Path, place: Any, held: tuple[int, ...] = ()) -> Any:
     status = {"devices": [{"index": d, "job": "7" if d in held else None} for d in range(4)], "queued": 1}
     pod = SimpleNamespace(device_count=4, device_kind="cpu", status=lambda: status, place=place, topology=None,
-                          config=SimpleNamespace(machine=None, socket=None))  # fmt: skip
+                          confinement=None, config=SimpleNamespace(machine=None, socket=None))  # fmt: skip
     return SimpleNamespace(pod=pod, home=tmp_path, cache={})
 
 
