@@ -164,7 +164,11 @@ def open_file_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | 
 def read_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | None = None,
                  limit: int | None = None, offset: int = 0) -> bytes:  # fmt: skip
     """The bytes of ``folder/rel`` (from ``offset``, at most ``limit``), opened as `open_beneath` does."""
-    fd = open_beneath(folder, rel, owner=owner)
+    return _read_all(open_beneath(folder, rel, owner=owner), offset, limit)
+
+
+def _read_all(fd: int, offset: int, limit: int | None) -> bytes:
+    """Read the descriptor ``fd`` from ``offset`` (at most ``limit`` bytes), then close it."""
     try:
         out = bytearray()
         while limit is None or len(out) < limit:
@@ -199,6 +203,124 @@ def scandir_beneath(folder: Folder, rel: str | PurePosixPath = ".", *,
     """The entries of the folder ``folder/rel`` (opened as `open_beneath` does), sorted by name. Each entry's
     ``is_file``/``is_dir`` must be asked with ``follow_symlinks=False``."""
     fd = open_beneath(folder, rel, owner=owner, directory=True)
+    try:
+        with os.scandir(fd) as it:
+            return sorted(it, key=lambda e: e.name)
+    finally:
+        os.close(fd)
+
+
+MAX_LINKS = 40
+"""Links of this process's own followed in one path at most (the kernel's own limit)."""
+
+
+def _walk(path: Path | str) -> tuple[int, str, int | None, str]:
+    """The folder descriptor, last name, owner and shown path of ``path`` as `open_path` reaches it."""
+    me = os.geteuid()
+    shown = os.path.abspath(path)
+    todo = [p for p in PurePosixPath(shown).parts[1:]]
+    if not todo:
+        raise RefusedFile(shown, "is the root folder")
+    fd = os.open("/", _DIR_FLAGS)
+    owner: int | None = None
+    links = 0
+    try:
+        while True:
+            name = todo.pop(0)
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if owner is not None:
+                    raise RefusedFile(shown, "leads out of a folder of another account ('..')")
+                up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = up
+                continue
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                if owner is not None or st.st_uid != me:  # only a link of this process's own, in its own folders
+                    raise RefusedFile(shown, "has a symbolic link on its way that is not the pod's own")
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, "too many symbolic links", shown)
+                target = os.readlink(name, dir_fd=fd)
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", _DIR_FLAGS)
+                todo[:0] = [p for p in PurePosixPath(target).parts if p != "/"]
+                continue
+            if not todo:
+                out, fd = fd, -1
+                return out, name, owner, shown
+            nxt = _open_dir(name, fd, shown)  # swapped for a link since the stat: refused
+            os.close(fd)
+            fd = nxt
+            if owner is None and os.fstat(fd).st_uid != me:
+                owner = os.fstat(fd).st_uid  # from here on, another account's folder
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def open_path(path: Path | str, *, directory: bool = False) -> int:
+    """A read-only descriptor of ``path`` (absolute), opened as a root daemon may when part of the way belongs to
+    another account: a symbolic link is followed only where it is this process's own and lies in its own folders
+    (the system's, the pod's home); from the first folder on the way that belongs to another account (a job's
+    folder) no link is followed, and what is opened must be that account's or this process's own single-linked
+    file (`check_owned`); it is never waited on (a FIFO is refused at once), and it is a regular file (a folder
+    with ``directory``). `RefusedFile` otherwise; `FileNotFoundError` and friends as ``open`` raises them."""
+    fd, name, owner, shown = _walk(path)
+    try:
+        try:
+            out = os.open(name, _FILE_FLAGS | (os.O_DIRECTORY if directory else 0), dir_fd=fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RefusedFile(shown, "is a symbolic link") from None
+            if e.errno == errno.ENOTDIR and directory:
+                raise RefusedFile(shown, "is not a folder") from None
+            if e.errno == errno.ENXIO:
+                raise RefusedFile(shown, "is not a regular file") from None
+            raise
+    finally:
+        os.close(fd)
+    try:
+        st = os.fstat(out)
+        wanted = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+        if not wanted:
+            raise RefusedFile(shown, f"is {_kind(st.st_mode)}, not a {'folder' if directory else 'regular file'}")
+        if not (directory and owner is None):
+            check_owned(st, shown, owner)
+    except BaseException:
+        os.close(out)
+        raise
+    return out
+
+
+def read_path(path: Path | str, *, offset: int = 0, limit: int | None = None) -> bytes:
+    """The bytes of ``path`` from ``offset`` (at most ``limit``), opened as `open_path` does."""
+    return _read_all(open_path(path), offset, limit)
+
+
+def stat_path(path: Path | str, *, directory: bool = False) -> os.stat_result | None:
+    """``fstat`` of the regular file (or the folder, with ``directory``) ``path`` opened as `open_path` does; None
+    when it is missing or refused."""
+    try:
+        fd = open_path(path, directory=directory)
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def scandir_path(path: Path | str) -> list[os.DirEntry[str]]:
+    """The entries of the folder ``path`` (opened as `open_path` does), sorted by name; ask each entry's
+    ``is_file``/``is_dir`` with ``follow_symlinks=False``. Empty when it is missing or refused."""
+    try:
+        fd = open_path(path, directory=True)
+    except OSError:
+        return []
     try:
         with os.scandir(fd) as it:
             return sorted(it, key=lambda e: e.name)

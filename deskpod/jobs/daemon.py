@@ -37,7 +37,10 @@ from deskpod.jobs.pod import Pod, PodConfig
 
 
 def _lock(home: Path) -> IO[str]:
-    f = open(home / "daemon.lock", "a+")  # noqa: SIM115 - held for the daemon's whole life
+    """The home's lock, held for the daemon's whole life; 0600, so that no user can open it (and hold it)."""
+    fd = os.open(home / "daemon.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)  # one an older pod made 0644
+    f = os.fdopen(fd, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -9,20 +9,24 @@ with stable offsets: the attempts in order, each file's bytes after the previous
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
+from deskpod.envs.userfiles import read_path, scandir_path, stat_path
+
 
 def log_files(folder: Path) -> list[Path]:
-    """The job's log files in the order they were written."""
+    """The job's log files in the order they were written. Every file of a job's folder is reached as
+    `deskpod.envs.userfiles.open_path` reaches it: no link its user planted is followed, no FIFO waited on."""
     single = folder / "output.log"
-    if single.exists():
+    if stat_path(single) is not None:
         return [single]
     numbered = []
-    for p in (folder / "logs").glob("attempt-*.log"):
-        m = re.fullmatch(r"attempt-(\d+)\.log", p.name)
-        if m:
-            numbered.append((int(m.group(1)), p))
+    for entry in scandir_path(folder / "logs"):
+        m = re.fullmatch(r"attempt-(\d+)\.log", entry.name)
+        if m and entry.is_file(follow_symlinks=False):
+            numbered.append((int(m.group(1)), folder / "logs" / entry.name))
     return [p for _, p in sorted(numbered)]
 
 
@@ -31,14 +35,14 @@ def read_log(folder: Path, offset: int, limit: int) -> bytes:
     out = bytearray()
     start = 0
     for path in log_files(folder):
-        try:
-            size = path.stat().st_size
-        except OSError:
+        st = stat_path(path)
+        if st is None:
             continue
-        end = start + size
+        end = start + st.st_size
         if offset < end and len(out) < limit:
-            with open(path, "rb") as f:
-                f.seek(max(0, offset - start))
-                out += f.read(min(limit - len(out), end - max(offset, start)))
+            with contextlib.suppress(OSError):
+                out += read_path(
+                    path, offset=max(0, offset - start), limit=min(limit - len(out), end - max(offset, start))
+                )
         start = end
     return bytes(out)

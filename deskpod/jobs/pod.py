@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from deskpod.environment import Environment
 from deskpod.envs.limits import LimitSettings
+from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError, UsageError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
@@ -302,7 +303,7 @@ class Pod:
         """The run folder a train job writes (``runs/<name>/`` in its job folder), or a command job that made
         one there (``deskpod run`` does, from ``DESKPOD_JOB_DIR``); None otherwise."""
         folder = self.job_folder(job) / "runs" / job.spec.name
-        if job.spec.train is not None or (job.spec.serve is None and (folder / "run.json").is_file()):
+        if job.spec.train is not None or (job.spec.serve is None and stat_path(folder / "run.json") is not None):
             return folder
         return None
 
@@ -642,10 +643,9 @@ def _check_servable(run: Path) -> None:
 
 def build_error(log: Path) -> str:
     """The one line ``deskpod env build`` printed on failing (``deskpod: ...``), from the end of the job's log."""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 65536))
-            tail = f.read().decode(errors="replace").splitlines()
+    size = getattr(stat_path(log), "st_size", 0)
+    try:  # the job's user may have put a link or a FIFO there
+        tail = read_path(log, offset=max(0, size - 65536)).decode(errors="replace").splitlines()
     except OSError:
         tail = []
     said = [line[len("deskpod: ") :] for line in tail if line.startswith("deskpod: ")]

@@ -15,6 +15,7 @@ nothing changed *for one job*, without taking the lock.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -161,15 +162,28 @@ QueueRow = tuple[int, int, int, str, float | None, str]
 QUEUE_COLUMNS = "id, priority, devices, placement, max_runtime, reason"
 
 
+def private(path: Path) -> None:
+    """Make ``path`` a file only its owner may read and write (0600), creating it empty if missing. The pod's
+    database holds every job's ``env``, which are secrets (a user's API keys): no other local user may read it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 class Store:
     """All reads and writes of the pod's state; every method is one transaction."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.RLock()
+        private(path)  # before SQLite opens it: its journal files take the database's mode
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
+        for journal in ("-wal", "-shm"):  # a database an older pod left readable to all
+            private(path.with_name(path.name + journal))
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from deskpod.envs.userfiles import read_path
+
 SHIM = Path(__file__).with_name("shim.py")
 SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 """The environment of everything that runs before the job step, as root on a root pod (the shim, bubblewrap,
@@ -45,8 +47,10 @@ class Attempt:
         return self.folder / f"phase.{attempt}"
 
     def phase(self, attempt: int) -> str | None:
+        """The phase file's word (read as `deskpod.envs.userfiles.open_path` does: the job's user may have put a
+        link or a FIFO there); None when it is missing or refused."""
         try:
-            return self.phase_file(attempt).read_text().strip() or None
+            return read_path(self.phase_file(attempt), limit=64).decode(errors="replace").strip() or None
         except OSError:
             return None
 
@@ -95,8 +99,10 @@ def shim_of(pid_file: Path, exit_file: Path) -> int | None:
 
 
 def read_exit(path: Path) -> int | None:
+    """The number in an exit or pid file of a job's folder (read as `deskpod.envs.userfiles.open_path` does);
+    None when it is missing, refused or not a number."""
     try:
-        return int(path.read_text().strip())
+        return int(read_path(path, limit=64).decode(errors="replace").strip())
     except (OSError, ValueError):
         return None
 

@@ -27,6 +27,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import ConfigError, DeskpodError
 from deskpod.jobs.api import parse_state, visible_owner
 from deskpod.jobs.forecast import Forecast
@@ -80,16 +81,16 @@ def progress(web: Any, job: JobRecord) -> dict[str, Any] | None:
 
 def _total_steps(web: Any, launch: Path) -> int | None:
     """``total_steps`` from the run's ``launch.json``, re-read only when the file changes."""
-    try:
-        mtime = launch.stat().st_mtime_ns
-    except OSError:
+    st = stat_path(launch)  # the job's user may have put a link or a FIFO there
+    if st is None:
         return None
+    mtime = st.st_mtime_ns
     cache: dict[Path, tuple[int, int | None]] = web.cache.setdefault("launch", {})
     hit = cache.get(launch)
     if hit is None or hit[0] != mtime:
         try:
-            total = json.loads(launch.read_text()).get("total_steps")
-        except (OSError, ValueError, AttributeError):
+            total = json.loads(read_path(launch, limit=1 << 20)).get("total_steps")
+        except (OSError, ValueError, AttributeError, RecursionError):
             total = None
         hit = cache[launch] = (mtime, int(total) if isinstance(total, int) else None)
     return hit[1]

@@ -11,12 +11,14 @@ matches with ``<mark>`` built from the returned spans, never from the line's own
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deskpod.envs.userfiles import open_path, scandir_path, stat_path
 from deskpod.errors import ConfigError
 from deskpod.jobs import joblog
 
@@ -45,19 +47,28 @@ def _natural(name: str) -> list[Any]:
 
 
 def log_files(job_folder: Path, run_dir: Path | None) -> list[LogFile]:
-    """The job's output log (or its attempts' logs) first, then the run's worker and agent logs in natural order."""
+    """The job's output log (or its attempts' logs) first, then the run's worker and agent logs in natural order.
+    Every file is reached as `deskpod.envs.userfiles.open_path` reaches it (no link the job's user planted is
+    followed, no FIFO waited on): what is refused is left out."""
     out = [LogFile("output.log", job_folder / "output.log")]
     # A job run by Slurm (deskpod up --backend slurm) writes one log per attempt instead.
     out += [LogFile(f"logs/{p.name}", p) for p in joblog.log_files(job_folder) if p.parent.name == "logs"]
     if run_dir is not None:
         logs = run_dir / "logs"
-        try:
-            found = [p for p in logs.rglob("*") if p.suffix in (".stderr", ".log") and p.is_file()]
-        except OSError:
-            found = []
-        for p in sorted(found, key=lambda p: _natural(str(p.relative_to(logs)))):
-            out.append(LogFile(f"logs/{p.relative_to(logs)}", p))
-    return [f for f in out if f.path.is_file()]
+        found = sorted(_walk_logs(logs), key=lambda p: _natural(str(p.relative_to(logs))))
+        out += [LogFile(f"logs/{p.relative_to(logs)}", p) for p in found]
+    return [f for f in out if stat_path(f.path) is not None]
+
+
+def _walk_logs(folder: Path, depth: int = 0) -> list[Path]:
+    """The ``*.stderr`` and ``*.log`` files under ``folder``, no link followed, at most 8 folders deep."""
+    out: list[Path] = []
+    for entry in scandir_path(folder):
+        if entry.is_dir(follow_symlinks=False) and depth < 8:
+            out += _walk_logs(folder / entry.name, depth + 1)
+        elif entry.is_file(follow_symlinks=False) and Path(entry.name).suffix in (".stderr", ".log"):
+            out.append(folder / entry.name)
+    return out
 
 
 def matcher(query: str, *, regex: bool) -> re.Pattern[str]:
@@ -94,8 +105,8 @@ def search(
     for f in files:
         if capped:
             break
-        try:
-            fh = open(f.path, "rb")  # noqa: SIM115 - closed below; bytes, so a bad UTF-8 byte costs one character
+        try:  # bytes, so a bad UTF-8 byte costs one character; closed below
+            fh = os.fdopen(open_path(f.path), "rb")
         except OSError:
             continue
         with fh:
@@ -155,7 +166,7 @@ def tail(path: Path, *, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES
     """(text, offset, cut): the last lines of a log; the offset just past them (where a live reader goes on
     from); whether earlier lines were left out."""
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_path(path), "rb") as f:
             size = f.seek(0, 2)
             start = max(0, size - max_bytes)
             f.seek(start)

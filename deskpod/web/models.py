@@ -50,6 +50,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
+from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, TooLargeError
 from deskpod.jobs.api import status_of
 from deskpod.jobs.states import JobState
@@ -82,10 +83,12 @@ ACTIVE = (JobState.QUEUED, JobState.STARTING, JobState.BUILDING, JobState.RUNNIN
 # ----------------------------------------------------------------------------------------- deployments
 def read_port_file(path: Path, started_at: float | None) -> dict[str, Any] | None:
     """The server's ``serve.json``, or None when missing, unreadable or left by an earlier attempt."""
+    st = stat_path(path)  # the job's user may have put a link or a FIFO there
+    if st is None:
+        return None
     try:
-        st = path.stat()
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = json.loads(read_path(path, limit=1 << 20))
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or (started_at is not None and st.st_mtime < started_at - 1.0):
         return None
@@ -134,7 +137,7 @@ def train_job_of(web: Any, who: Viewer, run: str) -> str | None:
 def fashion_run(run: str) -> bool:
     """Whether the run was trained on Fashion-MNIST (its resolved ``config.toml`` says so)."""
     try:
-        config = tomllib.loads(RunPaths(Path(run)).config.read_text())
+        config = tomllib.loads(read_path(RunPaths(Path(run)).config, limit=1 << 20).decode())
     except (OSError, ValueError):
         return False
     return config.get("data") == "fashion-mnist"

@@ -1,6 +1,7 @@
 """What the Job page shows of a run folder besides its charts: checkpoints, the resolved config, the summary.
 
-Read fresh each time (they are small); the live stream (`deskpod.web.stream`) sends them again, as
+Read fresh each time (they are small), as `deskpod.envs.userfiles.open_path` reads a job's folder (no link the
+job's user planted followed, no FIFO waited on); the live stream (`deskpod.web.stream`) sends them again, as
 HTML rendered here, when the files change (`signature`), so a page that was open when the run began
 shows its checkpoints and final result without a reload.
 """
@@ -9,14 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from deskpod.envs.userfiles import read_path, scandir_path, stat_path
 from deskpod.jobs.store import JobRecord
-from deskpod.train.runs import RunPaths, checkpoint_step, list_checkpoints
+from deskpod.train.runs import RunPaths, checkpoint_step
 from deskpod.web.render import TEMPLATES
 from deskpod.web.series import Series
 
@@ -46,11 +47,10 @@ def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
         return None
     run = web.run_dir(job)
     path = None if run is None else RunPaths(run).config
-    if path is not None and path.is_file():
+    if path is not None and stat_path(path) is not None:
         try:
-            with open(path, "rb") as f:
-                return _config("config.toml", flatten(tomllib.load(f)))
-        except (OSError, tomllib.TOMLDecodeError) as e:
+            return _config("config.toml", flatten(tomllib.loads(read_path(path).decode())))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
             return {**_config("config.toml", {}), "error": f"cannot read config.toml: {e}"}
     return _config("the submitted spec (the run has not resolved it yet)", flatten(job.spec.train))
 
@@ -64,8 +64,8 @@ def read_summary(run: Path | None) -> dict[str, Any] | None:
     if run is None:
         return None
     try:
-        data = json.loads((run / "summary.json").read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_path(run / "summary.json"))
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
@@ -75,19 +75,19 @@ def read_summary(run: Path | None) -> dict[str, Any] | None:
 def checkpoints(run: Path, s: Series) -> list[dict[str, Any]]:
     """The run's checkpoints, each with the train loss at its step and the latest validation at or before it."""
     out = []
-    for p in list_checkpoints(run):
-        step = checkpoint_step(p)
-        try:
-            st = p.stat()
-        except OSError:  # deleted meanwhile (the trainer keeps the latest few)
+    folder = RunPaths(run).checkpoints
+    found = sorted((step, e.name) for e in scandir_path(folder)
+                   if (step := checkpoint_step(Path(e.name))) is not None)  # fmt: skip
+    for step, name in found:
+        st = stat_path(folder / name)
+        if st is None:  # deleted meanwhile (the trainer keeps the latest few), or not a file
             continue
-        assert step is not None
         loss = s.at("train", "loss", step)
         acc = s.at("val", "val_accuracy", step)
         vloss = s.at("val", "val_loss", step)
         out.append(
             {
-                "file": p.name,
+                "file": name,
                 "step": step,
                 "size": st.st_size,
                 "time": st.st_mtime,
@@ -105,11 +105,9 @@ def signature(run: Path) -> tuple[int, ...]:
     """Changes when a checkpoint is written or removed, or the config or summary is written."""
     paths = RunPaths(run)
     out = []
-    for p in (paths.checkpoints, paths.config, paths.summary):
-        try:
-            out.append(os.stat(p).st_mtime_ns)
-        except OSError:
-            out.append(0)
+    for p, folder in ((paths.checkpoints, True), (paths.config, False), (paths.summary, False)):
+        st = stat_path(p, directory=folder)
+        out.append(0 if st is None else st.st_mtime_ns)
     return tuple(out)
 
 

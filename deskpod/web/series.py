@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from deskpod.envs.userfiles import read_path, stat_path
+
 KINDS = ("train", "val")
 SKIP = frozenset({"kind"})
 """Record keys that are not series."""
@@ -98,9 +100,8 @@ class Series:
     def refresh(self) -> bool:
         """Read what was appended since the last call; True if anything new was read."""
         with self._lock:
-            try:
-                st = os.stat(self.path)
-            except OSError:
+            st = stat_path(self.path)  # the job's user may have put a link or a FIFO there
+            if st is None:
                 if self._offset:
                     self._reset()
                 return False
@@ -109,9 +110,10 @@ class Series:
             self._inode = st.st_ino
             if st.st_size == self._offset:
                 return False
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read(st.st_size - self._offset)
+            try:
+                chunk = read_path(self.path, offset=self._offset, limit=st.st_size - self._offset)
+            except OSError:
+                return False
             self._offset += len(chunk)
             data = self._partial + chunk
             cut = data.rfind(b"\n") + 1

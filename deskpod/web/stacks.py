@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deskpod.envs.userfiles import read_path, scandir_path
 from deskpod.errors import ConflictError
 from deskpod.jobs import supervisor as sv
 from deskpod.jobs.store import JobRecord
@@ -106,16 +107,12 @@ def rank_pids(run_dir: Path | None) -> list[tuple[int, int]]:
     if run_dir is None:
         return []
     out = []
-    try:
-        entries = list((run_dir / "workers").iterdir())
-    except OSError:
-        return []
-    for p in entries:
-        m = RANK_FILE.match(p.name)
+    for entry in scandir_path(run_dir / "workers"):  # the job's user may have put links or FIFOs there
+        m = RANK_FILE.match(entry.name)
         if not m:
             continue
         try:
-            out.append((int(m.group(1)), int(p.read_text().strip())))
+            out.append((int(m.group(1)), int(read_path(run_dir / "workers" / entry.name, limit=64).strip())))
         except (OSError, ValueError):
             continue
     return sorted(out)

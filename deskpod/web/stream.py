@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
@@ -201,10 +202,9 @@ class Cursor:
 
 
 def _stat(path: Path) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
+    """A file of the job's folder, as `deskpod.envs.userfiles.open_path` reaches it (no link followed, no FIFO
+    waited on); None when it is missing or refused."""
+    return stat_path(path)
 
 
 class Follower:
@@ -341,9 +341,7 @@ def _delta(web: Any, s: Series, generation: int, start: dict[str, int], end: dic
 
 def _read(path: Path, offset: int, n: int) -> bytes:
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read(n)
+        return read_path(path, offset=offset, limit=n)
     except OSError:
         return b""
 

@@ -13,8 +13,11 @@ from deskpod.envs.userfiles import (
     folder_bytes,
     open_beneath,
     read_beneath,
+    read_path,
     scandir_beneath,
+    scandir_path,
     stat_beneath,
+    stat_path,
 )
 
 OTHER = 54321
@@ -128,3 +131,34 @@ def test_folder_bytes_counts_blocks_once_and_follows_no_link(tmp_path: Path) -> 
     got = folder_bytes(job)
     assert (1 << 20) <= got < (2 << 20)
     assert folder_bytes(tmp_path / "missing") == 0
+
+
+def test_open_path_follows_the_pods_own_links_and_none_of_another_accounts(tmp_path: Path) -> None:
+    """A path to a job's file: the pod's own link on the way (its home under a link) is followed; below the job's
+    folder, which another account owns, no link is, and only that account's files (or the pod's own) open."""
+    if os.geteuid() != 0:
+        pytest.skip("another account's folder needs root to make (the suite runs as root in CI)")
+    home = tmp_path / "real-home"
+    job = home / "jobs" / "7"
+    (job / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "home").symlink_to(home)  # the pod's own link: followed
+    (job / "output.log").write_text("mine")
+    (job / "exit.1").write_text("0")  # written by the pod itself (root), single-linked
+    (tmp_path / "token").write_text("admin token")
+    for p in (job, job / "runs", job / "runs" / "r", job / "output.log"):
+        os.chown(p, OTHER, OTHER)
+    via = tmp_path / "home" / "jobs" / "7"
+    assert read_path(via / "output.log") == b"mine"
+    assert read_path(via / "exit.1") == b"0"
+    assert stat_path(via / "output.log") is not None and [e.name for e in scandir_path(via / "runs")] == ["r"]
+    (job / "link.log").symlink_to(tmp_path / "token")
+    os.lchown(job / "link.log", OTHER, OTHER)
+    (job / "runs" / "r" / "up").symlink_to(tmp_path)
+    os.lchown(job / "runs" / "r" / "up", OTHER, OTHER)
+    for bad in (via / "link.log", via / "runs" / "r" / "up" / "token"):
+        with pytest.raises(RefusedFile, match="symbolic link"):
+            read_path(bad)
+        assert stat_path(bad) is None
+    os.mkfifo(job / "fifo.log")
+    with pytest.raises(RefusedFile, match="FIFO"):
+        read_path(via / "fifo.log")
