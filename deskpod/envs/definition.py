@@ -180,6 +180,9 @@ def parse_environment(table: object, *, base_dir: Path | None = None) -> EnvDefi
     unknown = sorted(str(k) for k in table if k not in FIELDS)
     if unknown:
         raise ConfigError(f"{PREFIX}{unknown[0]} is not a field; valid fields: {', '.join(FIELDS)}")
+    nulls = sorted(str(k) for k, v in table.items() if v is None)
+    if nulls:
+        raise ConfigError(f"{PREFIX}{nulls[0]} = null is not valid; leave the field out for its default")
     given = [k for k in KINDS if k in table]
     if given == ["pyproject", "lock"] or given == ["lock", "pyproject"]:
         given = ["lock"]
@@ -479,7 +482,7 @@ ENVIRONMENT_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
                 "required": ["file", "text"],
                 "properties": {
-                    "file": {"type": "string", "example": _example(key)},
+                    "file": {"type": "string", "minLength": 1, "maxLength": 4096, "example": _example(key)},
                     "text": {"type": "string", "description": f"the file's contents (at most {MAX_FILE_BYTES} bytes)"},
                 },
             }

@@ -171,8 +171,11 @@ def create_app(
         return JSONResponse({"error": "bad request: " + "; ".join(parts)}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=e.headers)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        headers = dict(e.headers or {})
+        if e.status_code == 405:  # Starlette names the first matching route's methods; say every one of the path's
+            headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, e: Exception) -> JSONResponse:
@@ -180,7 +183,7 @@ def create_app(
 
     async def json_body(request: Request) -> Any:
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY:
             raise TooLargeError(f"request body of {declared} bytes is over the limit of {MAX_BODY}")
         chunks, size = [], 0
         async for chunk in request.stream():
@@ -190,8 +193,10 @@ def create_app(
             chunks.append(chunk)
         try:
             return json.loads(b"".join(chunks) or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"request body is not valid JSON: {e}") from e
+        except RecursionError:
+            raise ConfigError("request body is nested too deeply to read; a job spec is a few levels deep") from None
+        except ValueError as e:  # malformed JSON, bad UTF-8, or an integer of more digits than Python reads
+            raise ConfigError(f"request body is not valid JSON: {e}") from None
 
     def body_object(data: Any, fields: tuple[str, ...]) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -321,6 +326,8 @@ def create_app(
         admin = data.get("admin", False)
         if not isinstance(admin, bool):
             raise ConfigError(f"admin = {admin!r}: expected true or false")
+        if "os_user" in data and data["os_user"] is None:
+            raise ConfigError("os_user = null is not valid; leave it out for the account of the user's own name")
         os_user = None
         if pod.accounts is not None:
             wanted = data.get("os_user")
@@ -395,6 +402,20 @@ def create_app(
 
     app.openapi = document  # type: ignore[method-assign]
     return app
+
+
+def allowed_methods(app: FastAPI, scope: Any) -> list[str]:
+    """Every method some route of ``app`` takes at the request's path (for a 405's ``Allow``)."""
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches({**scope, "method": "GET"})
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 def spec_without_environment() -> dict[str, Any]:

@@ -189,7 +189,7 @@ class Pod:
 
     def visible_job(self, user: User, job_id: str) -> JobRecord:
         """The job, if ``user`` may see it; another user's job looks like no job at all."""
-        job = self.store.job(int(job_id)) if job_id.isdigit() and len(job_id) < 19 else None
+        job = self.store.job(int(job_id)) if job_id.isascii() and job_id.isdigit() and len(job_id) < 19 else None
         if job is None or (job.user != user.name and not user.admin):
             raise NotFoundError(f"no job {job_id!r} (job ids are numbers; `deskpod jobs` lists yours)")
         return job

@@ -169,6 +169,18 @@ class JobSpec:
         return out
 
 
+NULLABLE = ("max_runtime", "workdir")
+"""The fields a spec may give as null (no limit; the job's own folder), as `JobSpec.to_json` writes them."""
+
+
+def _no_nulls(table: Mapping[str, Any], prefix: str) -> None:
+    """Refuse a field given as null (JSON's ``null``): the document says what each field is, and null is none of
+    them; a field left out takes its default."""
+    for k, v in table.items():
+        if v is None:
+            raise ConfigError(f"job spec: {prefix}{k} = null is not valid; leave the field out for its default")
+
+
 def _bad(key: str, value: object, valid: str) -> ConfigError:
     shown = repr(value)
     if len(shown) > 80:
@@ -212,6 +224,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     unknown = sorted(str(k) for k in data if k not in FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field {unknown[0]!r}; valid fields: {', '.join(FIELDS)}")
+    _no_nulls({k: v for k, v in data.items() if k not in NULLABLE}, "")
 
     given = [k for k in KINDS if k in data]
     if len(given) != 1:
@@ -349,6 +362,7 @@ def _slurm(t: object) -> dict[str, Any]:
     unknown = sorted(str(k) for k in t if k not in SLURM_FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field slurm.{unknown[0]}; valid: {', '.join(SLURM_FIELDS)}")
+    _no_nulls(t, "slurm.")
     out = {**SLURM_DEFAULTS, **dict(t)}
     for key in ("partition", "account", "qos"):
         v = out.get(key)
@@ -378,6 +392,7 @@ def _serve(t: object) -> dict[str, Any]:
     unknown = sorted(str(k) for k in t if k not in SERVE_FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field serve.{unknown[0]}; valid: {', '.join(SERVE_FIELDS)}")
+    _no_nulls(t, "serve.")
     run = t.get("run")
     if not isinstance(run, str) or not run.startswith("/") or "\0" in run or len(run) > 4096:
         raise _bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')
@@ -518,7 +533,7 @@ SPEC_SCHEMA: dict[str, Any] = {
         },
         "placement": {"type": "string", "pattern": r"^(best|pack|partition:[A-Za-z0-9_-]{1,64})$", "example": "best"},
         "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
-        "max_runtime": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S},
+        "max_runtime": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S},
         "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES},
         "env": {
             "type": "object",
@@ -529,7 +544,7 @@ SPEC_SCHEMA: dict[str, Any] = {
             },
             "additionalProperties": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},
         },
-        "workdir": ABS_PATH,
+        "workdir": {**ABS_PATH, "type": ["string", "null"]},
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
         "environment": _env_schema(),
         "slurm": {

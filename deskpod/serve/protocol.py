@@ -123,7 +123,7 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     head = body if header_length is None else body[:header_length]
     try:
         doc = _loads(head)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ProtocolError(f"request JSON is malformed: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError('request must be a JSON object with a non-empty "inputs" list')

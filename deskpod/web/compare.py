@@ -50,7 +50,7 @@ def parse_ids(text: str) -> list[str]:
     for part in text.replace(" ", ",").split(","):
         if not part:
             continue
-        if not part.isdigit() or len(part) > 18:
+        if not (part.isascii() and part.isdigit()) or len(part) > 18:
             raise ConfigError(
                 f"jobs={text!r}: {part!r} is not a job id; give job numbers separated by commas, e.g. jobs=3,5"
             )

@@ -114,7 +114,7 @@ def loopback_address(address: object) -> str | None:
     if not isinstance(address, str):
         return None
     host, _, port = address.partition(":")
-    if host != "127.0.0.1" or not port.isdigit() or not 0 < int(port) < 65536:
+    if host != "127.0.0.1" or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return None
     return f"127.0.0.1:{int(port)}"
 
@@ -125,7 +125,7 @@ def train_job_of(web: Any, who: Viewer, run: str) -> str | None:
         rel = Path(run).relative_to(web.home / "jobs").parts
     except ValueError:
         return None
-    if len(rel) != 3 or rel[1] != "runs" or not rel[0].isdigit():
+    if len(rel) != 3 or rel[1] != "runs" or not (rel[0].isascii() and rel[0].isdigit()):
         return None
     try:
         job = web.job(who, rel[0])
@@ -640,7 +640,7 @@ def register(app: FastAPI, web: Any) -> None:
     @app.post("/models/{job_id}/try")
     async def try_post(request: Request, job_id: str, who: Signed) -> Response:
         declared = request.headers.get("content-length", "")
-        if not declared.isdigit():  # browsers send it; without it the size is known only after spooling it all
+        if not (declared.isascii() and declared.isdigit()):  # browsers send it; without it the size is known only after spooling it all
             raise ConfigError("the upload must say its size (a Content-Length header); chunked uploads are refused")
         if int(declared) > MAX_UPLOAD_BYTES + (64 << 10):  # the image, and room for the form around it
             raise TooLargeError(f"the upload is over the limit of {MAX_UPLOAD_BYTES >> 20} MiB; choose a smaller image")

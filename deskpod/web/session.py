@@ -110,6 +110,16 @@ def _look_up(request: Request) -> Viewer:
     raise SignInRequired("sign in with your pod token to see this page")
 
 
+async def signed_out(request: Request) -> bool:
+    """Whether the request's session or token signs nobody in any more (revoked, expired), read from the store,
+    not from `viewer`'s memory: a live answer (a job's event stream) ends then."""
+    try:
+        await run_in_threadpool(_look_up, request)
+    except (SignInRequired, AuthError):
+        return True
+    return False
+
+
 def forget_session(request: Request, session: str) -> None:
     """Drop a session from the memory of `viewer` (it was signed out)."""
     _sessions(request).pop(session, None)

@@ -23,7 +23,8 @@ Cheap enough for 50 tabs beside a busy scheduler: a connection polls at 4 Hz, an
 wrote to it (and then once for all connections, shared through ``web.cache``), metrics.jsonl is parsed
 only when its size changed, once for every reader (`web.series`), and big reads go to a thread. A
 comment line every 15 s keeps proxies from closing an idle stream. The generator ends within a
-tick once the daemon shuts down (``pod.stopping``) or the client goes away.
+tick once the daemon shuts down (``pod.stopping``), and within `DISCONNECT_CHECK_S` once the client goes away
+or its user is signed out or revoked (the caller's ``disconnected`` asks the store, not a cache).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ generates the environments whose validity the document does state (packages, ima
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ jsonschema_rs = pytest.importorskip("jsonschema_rs")
 @pytest.fixture(scope="module")
 def full_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     pods = Pods(tmp_path_factory.mktemp("fuzz"))
-    pod = pods("--no-preemption")
+    pod = pods("--no-preemption", sandbox=True)  # as the box's users meet it: a root pod with its sandbox
     c = pod.client()
     n = len(c.status()["devices"])
     blocker = c.submit({"name": "blocker", "command": ["sleep", "600"], "devices": n, "priority": 1000})
@@ -64,9 +65,10 @@ def for_generation(document: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def fuzz(op: Any, mode: Any, examples: int, pod: Pod, statuses: list[int]) -> None:
-    """Run ``examples`` cases of ``op`` in generation ``mode`` with every check; each status goes to ``statuses``."""
-    headers = {"Authorization": f"Bearer {pod.token}"}
+def fuzz(op: Any, mode: Any, examples: int, pod: Pod, statuses: list[int], token: str) -> None:
+    """Run ``examples`` cases of ``op`` in generation ``mode`` with every check, as ``token``'s user; each status
+    goes to ``statuses``."""
+    headers = {"Authorization": f"Bearer {token}"}
 
     @hypothesis.settings(
         max_examples=examples,
@@ -85,16 +87,19 @@ def fuzz(op: Any, mode: Any, examples: int, pod: Pod, statuses: list[int]) -> No
     call()
 
 
-def test_every_check_passes_on_every_operation(full_pod: Pod, document: dict[str, Any]) -> None:
+@pytest.mark.parametrize("who", ["admin", "user"])
+def test_every_check_passes_on_every_operation(full_pod: Pod, document: dict[str, Any], who: str) -> None:
+    """With the admin's token, and with an ordinary user's (whose admin-only calls must be refused as documented)."""
+    token = full_pod.token if who == "admin" else str(full_pod.client().add_user(f"fuzzer-{os.getpid()}")["token"])
     schema = schemathesis.openapi.from_dict(for_generation(document)).exclude(path="/v1/shutdown")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 10
     positive: list[int] = []
     negative: list[int] = []
     for op in operations:
-        fuzz(op, schemathesis.GenerationMode.POSITIVE, 15, full_pod, positive)
+        fuzz(op, schemathesis.GenerationMode.POSITIVE, 15, full_pod, positive, token)
         if op.path != "/health":  # no parameter, body or token to make invalid: Hypothesis finds no negative case
-            fuzz(op, schemathesis.GenerationMode.NEGATIVE, 6, full_pod, negative)
+            fuzz(op, schemathesis.GenerationMode.NEGATIVE, 6, full_pod, negative, token)
 
     assert len(positive) >= 5 * len(operations)
     assert any(s < 300 for s in positive) and any(400 <= s < 500 for s in positive)
@@ -144,3 +149,25 @@ def test_duplicate_user_is_a_conflict_and_empty_state_is_refused_as_documented(f
         assert never_fits.status_code == 409 and "never fit" in never_fits.json()["error"]
         whole = c.post("/v1/jobs", json={"command": ["true"], "retries": 2.0, "name": "whole-float"})
         assert whole.status_code == 201 and whole.json()["retries"] == 2
+
+
+def test_bad_bodies_and_ids_are_refused_not_failed(full_pod: Pod) -> None:
+    """What schemathesis and the outside checks found answering 500 or against the document."""
+    headers = {"Authorization": f"Bearer {full_pod.token}", "Content-Type": "application/json"}
+    with httpx.Client(base_url=full_pod.url, headers=headers, timeout=30) as c:
+        deep = c.post("/v1/jobs", content=b"[" * 1000 + b"]" * 1000)
+        assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]
+        huge = c.post("/v1/jobs", content=b'{"command": ["x"], "priority": ' + b"9" * 5000 + b"}")
+        assert huge.status_code == 400 and "not valid JSON" in huge.json()["error"]
+        for path in ("/v1/jobs/\u00b9", "/v1/jobs/\u0661\u0662", "/v1/jobs/\u00b9/log", "/ui/jobs/\u00b9"):
+            got = c.get(path)
+            assert got.status_code == 404, (path, got.status_code, got.text[:200])
+        wrong = c.delete("/v1/jobs")
+        assert wrong.status_code == 405 and set(wrong.headers["allow"].split(", ")) >= {"GET", "POST"}
+        null = c.post("/v1/users", json={"name": "nulluser", "os_user": None})
+        assert null.status_code == 400 and "os_user = null" in null.json()["error"]
+        cache = c.post("/v1/jobs", json={"command": ["true"], "slurm": {"env_cache": None}})
+        assert cache.status_code == 400 and "slurm.env_cache = null" in cache.json()["error"]
+        empty = c.post("/v1/jobs", json={"command": ["true"], "environment": {
+            "requirements": {"file": "", "text": "six\n"}}})  # fmt: skip
+        assert empty.status_code == 400 and "requirements.file" in empty.json()["error"]
