@@ -91,3 +91,39 @@ def test_scripts_may_use_a_bearer_token_and_need_no_csrf(web_pod: Pod) -> None:
         r = c.post(f"/ui/jobs/{job['id']}/cancel", headers=headers)
         assert r.status_code == 200 and r.json()["id"] == job["id"]
         assert c.get("/ui/jobs.json", headers={"Authorization": "Bearer dp_nope"}).status_code == 401
+
+
+def test_revoking_a_user_ends_the_live_stream_they_had_open(web_pod: Pod) -> None:
+    """A revoked user's open pages go quiet: the job's event stream, already flowing, ends on its own."""
+    import sys
+    import threading
+
+    from tests.jobs.pods import wait_state
+
+    token = new_user(web_pod, "revokee")
+    user = web_pod.client(token)
+    job = user.submit({"command": [sys.executable, "-c", "import time; print('on', flush=True); time.sleep(600)"]})
+    wait_state(user, job["id"], "running")
+    page = sign_in(web_pod, token)
+    got: list[bytes] = []
+    ended = threading.Event()
+
+    def follow() -> None:
+        try:
+            with page.stream("GET", f"/ui/jobs/{job['id']}/events", timeout=120) as r:
+                for chunk in r.iter_bytes():
+                    got.append(chunk)
+        except httpx.HTTPError:
+            pass
+        ended.set()
+
+    threading.Thread(target=follow, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not any(b"event: state" in c for c in got) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert any(b"event: state" in c for c in got), "the stream never started"
+    web_pod.client().revoke("revokee")
+    assert ended.wait(60), "the revoked user's stream was still open a minute later"
+    assert web_pod.client().job(job["id"])["state"] == "running"  # the job itself runs on
+    web_pod.client().cancel(job["id"])
+    page.close()
