@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from deskpod.cli.train import add_run_arguments
 
@@ -71,6 +72,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     ev = evaluate_files(args.annotations, args.excluded, args.candidates, args.seriesuids,
                         samples=args.bootstrap, seed=args.seed, max_marks=args.max_marks or None)  # fmt: skip
     png, data = write_outputs(ev, args.out)
+    for warning in ev.warnings:
+        print(f"deskpod: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(ev.to_json(), indent=2))
     else:

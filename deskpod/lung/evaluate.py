@@ -10,7 +10,8 @@ The rules are those of the challenge's evaluation script (``noduleCADEvaluationL
   scan is bad input. A scan with more than 100 candidates keeps those whose probability is above its
   101st highest (the script's ``maxNumberOfCADMarks=100``; ties at that value are all dropped).
 - A candidate *hits* a finding when its squared distance to the finding's centre is less than the
-  squared radius (``diameter_mm / 2``): on the boundary is a miss. An excluded finding with a negative
+  squared radius (``diameter_mm / 2``): on the boundary is a miss. Each square is the C library's ``pow(v, 2.0)``,
+  summed x, y, z in that order, as the script computes it (`libm_square`). An excluded finding with a negative
   diameter (``-1`` in the real annotations_excluded.csv) gets the script's default of 10 mm.
 - A nodule hit by several candidates is detected once, with the highest of their probabilities; a
   candidate that hits two nodules counts for both. A candidate that hits an excluded finding and no
@@ -198,6 +199,15 @@ def read_excluded(path: str | Path) -> Findings:
     return _read_findings(path, "excluded-findings file", excluded=True)
 
 
+def libm_square(a: FloatArray) -> FloatArray:
+    """``pow(v, 2.0)`` of each element as the C library computes it, which is what the script does (Python's
+    ``pow`` on floats calls it). It is not ``v * v``: glibc's ``pow`` differs from the correctly rounded product in
+    the last bit for about 0.08% of values, and NumPy's ``power(a, 2.0)`` multiplies; a point within one ULP of a
+    sphere is a hit by one and a miss by the other."""
+    flat = a.ravel().tolist()
+    return np.fromiter((math.pow(v, 2.0) for v in flat), dtype=np.float64, count=len(flat)).reshape(a.shape)
+
+
 def read_candidates(path: str | Path) -> Candidates:
     """A results (candidates) CSV: seriesuid,coordX,coordY,coordZ,probability (more columns are ignored)."""
     what = "candidates file"
@@ -324,7 +334,7 @@ def match(
     a_xyz = np.concatenate([annotations.xyz[inc], excluded.xyz[exc]]).reshape(-1, 3)
     diameter = np.concatenate([annotations.diameter_mm[inc], excluded.diameter_mm[exc]])
     diameter = np.where(diameter < 0.0, EXCLUDED_DEFAULT_DIAMETER_MM, diameter)
-    a_r2 = (diameter / 2.0) ** 2
+    a_r2 = libm_square(diameter / 2.0)
     a_inc = np.arange(len(a_scan)) < n_inc
 
     # Every (finding, candidate of the same scan) pair.
@@ -335,8 +345,8 @@ def match(
     ann = np.repeat(np.arange(len(a_scan)), per)
     offset = np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
     cand = c_order[np.repeat(c_starts[a_scan], per) + offset]
-    d = a_xyz[ann] - xyz_k[cand]
-    hit = d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1] + d[:, 2] * d[:, 2] < a_r2[ann]
+    d2 = libm_square(a_xyz[ann] - xyz_k[cand])  # as the script does: pow(x - x2, 2.) + pow(y - y2, 2.) + ...
+    hit = d2[:, 0] + d2[:, 1] + d2[:, 2] < a_r2[ann]
     inc_hit, exc_hit = hit & a_inc[ann], hit & ~a_inc[ann]
 
     hits_per_nodule = np.bincount(ann[inc_hit], minlength=n_inc)[:n_inc]
@@ -547,6 +557,16 @@ class Evaluation:
     phantom: str = ""
     """Why the annotations are taken to be phantom data (`deskpod.lung.phantom_reason`); "" when they are not."""
 
+    @property
+    def warnings(self) -> list[str]:
+        """What a reader must know before trusting the figures: a candidates file with no candidate at all."""
+        if self.matching.candidates == 0:
+            source = self.inputs.get("candidates")
+            where = f"the candidates file {source!r}" if source else "the candidates"
+            return [f"{where} holds no candidate (a header and no rows): every nodule counts as missed, so every "
+                    "sensitivity and the CPM are 0; check that it is the detector's output"]  # fmt: skip
+        return []
+
     def to_json(self) -> dict[str, Any]:
         m, b = self.matching, self.bootstrap
         lo, hi = b.sensitivity_interval() if b is not None and len(b.cpm) else (None, None)
@@ -565,10 +585,11 @@ class Evaluation:
             "what": "FROC and CPM by the LUNA16 rules (deskpod lung evaluate)",
             "note": DISCLAIMER,
             "phantom": f"{PHANTOM_LABEL} ({self.phantom})" if self.phantom else None,
+            "warnings": self.warnings,
             "inputs": self.inputs,
             "rules": {
                 "source": "LUNA16 noduleCADEvaluationLUNA16.py (Setio et al. 2017), see deskpod.lung.evaluate",
-                "hit": "squared distance to the centre < (diameter_mm / 2)^2",
+                "hit": "pow(dx, 2.) + pow(dy, 2.) + pow(dz, 2.) < pow(diameter_mm / 2, 2.) (the C library's pow)",
                 "excluded_negative_diameter_mm": EXCLUDED_DEFAULT_DIAMETER_MM,
                 "max_marks_per_scan": m.max_marks,
                 "fp_rates": list(FP_RATES),
@@ -721,4 +742,5 @@ def format_table(ev: Evaluation) -> str:
     lines.append(f"note: {DISCLAIMER}")
     if ev.phantom:
         lines.insert(0, f"{PHANTOM_LABEL} ({ev.phantom})")
+    lines[:0] = [f"WARNING: {w}" for w in ev.warnings]
     return "\n".join(lines)

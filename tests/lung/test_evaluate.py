@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from deskpod.lung.evaluate import (
     Matching,
     bootstrap,
     evaluate,
+    libm_square,
     make_candidates,
     make_findings,
     match,
@@ -50,6 +52,33 @@ def test_on_the_radius_is_a_miss_just_inside_is_a_hit() -> None:
     assert m.entry_probability[~m.entry_is_nodule].tolist() == [0.9]
     only_boundary = _match(["s"], [("s", 0, 0, 0, 10)], [("s", 3, 4, 0, 0.9)])
     assert (only_boundary.detected, only_boundary.false_positives) == (0, 1)
+
+
+def _boundary_cases(n: int) -> list[tuple[float, float, float, bool]]:
+    """Candidates (a, b, 0) a nodule of radius r at the origin judges differently by the script's arithmetic (the C
+    library's ``pow(v, 2.)``, summed) and by products (``a * a + b * b < r * r``): within one ULP of the sphere,
+    where glibc's pow and the correctly rounded product differ in the last bit. Each with the script's verdict."""
+    rng = np.random.default_rng(0)
+    out: list[tuple[float, float, float, bool]] = []
+    while len(out) < n:
+        a, b = (float(v) for v in rng.uniform(-10, 10, 2))
+        r0 = math.sqrt(a * a + b * b)
+        for r in (float(np.nextafter(r0, 0)), r0, float(np.nextafter(r0, 100))):
+            script = pow(a - 0.0, 2.0) + pow(b - 0.0, 2.0) + pow(0.0, 2.0) < pow(2 * r / 2.0, 2.0)  # its own form
+            if script != (a * a + b * b < r * r):
+                out.append((a, b, r, script))
+                break
+    return out
+
+
+def test_a_point_within_one_ulp_of_the_sphere_is_judged_as_the_script_judges_it() -> None:
+    cases = _boundary_cases(6)
+    assert {script for *_, script in cases} == {True, False}  # both kinds of disagreement are among them
+    for a, b, r, script in cases:
+        m = _match(["s"], [("s", 0, 0, 0, 2 * r)], [("s", a, b, 0, 0.9)])
+        assert (m.detected == 1) == script, (a, b, r)
+    x = next(v for case in cases for v in case[:3] if math.pow(v, 2.0) != v * v)
+    assert libm_square(np.array([x]))[0] == math.pow(x, 2.0) != float(np.square(x))
 
 
 def test_hits_on_excluded_findings_are_ignored_and_minus_one_means_10_mm() -> None:
@@ -326,3 +355,15 @@ def test_the_cli_default_limit_is_the_library_one() -> None:
     args = parser.parse_args(["lung", "evaluate", "--annotations", "a", "--excluded", "e", "--candidates", "c",
                               "--seriesuids", "s"])  # fmt: skip
     assert args.max_marks == MAX_MARKS and args.bootstrap == 1000 and args.seed == 0
+
+
+def test_a_candidates_file_with_no_rows_is_evaluated_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = _files(tmp_path)
+    files["candidates"] = _write(tmp_path / "empty.csv", "seriesuid,coordX,coordY,coordZ,probability", [])
+    assert main([*_argv(files, bootstrap="0", out=str(tmp_path / "out"))]) == 0
+    got = capsys.readouterr()
+    assert "holds no candidate (a header and no rows)" in got.err and "WARNING" in got.out
+    data = json.loads((tmp_path / "out" / "evaluation.json").read_text())
+    assert data["cpm"]["value"] == 0.0 and "every nodule counts as missed" in data["warnings"][0]
