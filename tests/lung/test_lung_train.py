@@ -21,13 +21,15 @@ PATCH = "48x48x24"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(0)  # no limit for the whole: each command below is stopped only when it stops progressing
 def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_path: Path) -> None:
     data = write_phantom(tmp_path / "luna16", 6, seed=5, subsets=2, shape=(64, 160, 160), spacing=(1.4, 1.4, 2.5),
                          nodules=(2, 4))  # fmt: skip
     common = ["--data", f"luna16:{data}", "--model", "retinanet3d-small", "--spacing", SPACING, "--patch", PATCH,
               "--repeats", "6", "--cache", str(tmp_path / "cache"), "--batch-size", "4", "--devices", "2",
               "--out", str(tmp_path / "runs"), "--name", "det", "--quiet"]  # fmt: skip
-    first = run_deskpod("lung", "train", *common, "--steps", "100", timeout=600)
+    watch = tmp_path / "runs" / "det" / "metrics.jsonl"  # a row every few steps: the training's progress
+    first = run_deskpod("lung", "train", *common, "--steps", "100", timeout=300, progress=watch)
     assert first.code == 0, first.err[-3000:]
     run = tmp_path / "runs" / "det"
     summary = json.loads((run / "summary.json").read_text())
@@ -36,7 +38,7 @@ def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_pa
     assert "sensitivity" in first.out  # the summary line speaks of the task's own figures
 
     # Resume: the run goes on from its checkpoint, not from step 0.
-    again = run_deskpod("lung", "train", *common, "--steps", "125", "--resume", timeout=600)
+    again = run_deskpod("lung", "train", *common, "--steps", "125", "--resume", timeout=300, progress=watch)
     assert again.code == 0, again.err[-3000:]
     train = metrics(run)
     steps = [r["step"] for r in train]

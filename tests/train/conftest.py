@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +48,34 @@ def deskpod_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "deskpod", *args]
 
 
-def run_deskpod(*args: str, timeout: float = 240, cwd: Path | None = None, **env: str) -> Result:
-    proc = subprocess.run(deskpod_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or REPO, env=deskpod_env(**env))  # fmt: skip
-    return Result(proc.returncode, proc.stdout, proc.stderr)
+def run_deskpod(*args: str, timeout: float = 240, cwd: Path | None = None, progress: Path | None = None,
+                **env: str) -> Result:  # fmt: skip
+    """``deskpod ARGS`` in a subprocess. Its time limit is ``timeout`` seconds in all; with ``progress`` (a file the
+    command appends to as it works, such as a run's metrics.jsonl) it is ``timeout`` seconds *without progress*,
+    however long the whole takes: a loaded machine makes the command slower, not the test red, and a command that
+    hangs is still stopped."""
+    if progress is None:
+        proc = subprocess.run(deskpod_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                              cwd=cwd or REPO, env=deskpod_env(**env))  # fmt: skip
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(deskpod_cmd(*args), stdout=out, stderr=err, text=True, cwd=cwd or REPO,
+                             env=deskpod_env(**env), start_new_session=True)  # fmt: skip
+        seen, last = None, time.monotonic()
+        while p.poll() is None:
+            now = time.monotonic()
+            with contextlib.suppress(OSError):
+                st = progress.stat()
+                if (st.st_size, st.st_mtime_ns) != seen:
+                    seen, last = (st.st_size, st.st_mtime_ns), now
+            if now - last > timeout:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                raise subprocess.TimeoutExpired(deskpod_cmd(*args), timeout)
+            time.sleep(0.5)
+        out.seek(0)
+        err.seek(0)
+        return Result(p.returncode, out.read(), err.read())
 
 
 def metrics(run_dir: Path, kind: str = "train") -> list[dict[str, Any]]:
