@@ -48,7 +48,7 @@ CARDS: tuple[dict[str, str], ...] = (
         "data": "fashion-mnist",
         "title": "Fashion-MNIST",
         "about": "70,000 grayscale 28×28 photos of clothing in 10 classes (Zalando Research, 2017): "
-        "60,000 to train on, 10,000 to validate. A convnet reaches about 91% in 3 epochs.",
+        "60,000 to train on, 10,000 to validate. A convnet reaches about 91.5% in 4 epochs.",
     },
     {
         "data": "synthetic",

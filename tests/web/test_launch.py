@@ -90,15 +90,15 @@ def test_each_step_renders_with_its_controls(admin: httpx.Client) -> None:
     for name, label in launch.LABELS.items():
         assert f'<label for="f-{name}">{label}</label>' in three.text
     assert 'value="start">Start training</button>' in three.text
-    defaults = {"devices": "all", "epochs": "3", "batch_size": "128", "lr": "0", "steps": ""}
+    defaults = {"devices": "all", "epochs": "4", "batch_size": "128", "lr": "0", "steps": ""}
     for name, value in defaults.items():
         assert f'value="{value}"' in _field(three.text, name)
     assert '<option value="auto" selected>' in three.text
-    assert "deskpod train --submit --model convnet --data fashion-mnist --epochs 3" in three.text
+    assert "deskpod train --submit --model convnet --data fashion-mnist --epochs 4" in three.text
 
     twin = admin.get("/ui/new.json", params={"data": "fashion-mnist", "model": "convnet"}).json()
     assert twin["step"] == 3 and twin["dataset"]["num_classes"] == 10 and twin["network"]["params"] > 0
-    assert twin["preview"]["spec"] == {"train": {"model": "convnet", "data": "fashion-mnist", "epochs": 3},
+    assert twin["preview"]["spec"] == {"train": {"model": "convnet", "data": "fashion-mnist", "epochs": 4},
                                        "devices": "all"}  # fmt: skip
 
 
