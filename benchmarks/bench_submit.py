@@ -95,7 +95,7 @@ def submit_to_running(c: PodClient, tmp: Path, trials: int) -> dict[str, Any]:
     for i in range(trials + 2):  # two untimed warm-ups
         mark = tmp / f"t{i}"
         t0 = time.time()
-        job = c.submit({"name": f"probe{i}", "command": [sys.executable, "-c", PROBE, str(mark)]})
+        job = c.submit({"name": f"probe{i}", "command": [sys.executable, "-c", PROBE, mark.name], "workdir": str(tmp)})
         seen = None if job["state"] not in ("running", "succeeded") else time.time()
         while True:
             j = c.job(job["id"])
@@ -176,7 +176,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="deskpod-bench-") as tmp:
+    # outside /tmp: a job's sandbox has a /tmp of its own; the probe writes into its work directory, this folder
+    with tempfile.TemporaryDirectory(prefix="deskpod-bench-", dir="/var/tmp") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
         proc, url, token = start_daemon(home, "--grace", "1")
