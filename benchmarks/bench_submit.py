@@ -175,12 +175,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=30)
     parser.add_argument("--no-docs", action="store_true")
+    parser.add_argument("--pod-args", default="", help="more `deskpod up` arguments, e.g. --no-sandbox")
     args = parser.parse_args()
     # outside /tmp: a job's sandbox has a /tmp of its own; the probe writes into its work directory, this folder
     with tempfile.TemporaryDirectory(prefix="deskpod-bench-", dir="/var/tmp") as tmp:
         home = Path(tmp) / "home"
         home.mkdir()
-        proc, url, token = start_daemon(home, "--grace", "1")
+        proc, url, token = start_daemon(home, "--grace", "1", *args.pod_args.split())
         try:
             with PodClient(url, token) as c:
                 lat = submit_to_running(c, Path(tmp), args.trials)
