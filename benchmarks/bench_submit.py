@@ -147,11 +147,15 @@ def concurrent(url: str, token: str, c: PodClient) -> dict[str, Any]:
             "concurrent_per_s": 1000 / par_s, "sequential_per_s": 1000 / seq_s}  # fmt: skip
 
 
-def write_docs(lat: dict[str, Any], conc: dict[str, Any], command: str) -> None:
+def write_docs(lat: dict[str, Any], conc: dict[str, Any], command: str, pod_args: str = "") -> None:
     block = f"""{SUB}
 
-Command: `{command}` (a real daemon on 127.0.0.1, the shared 2-core box with other work running).
+Command: `{command}` ({time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}; a real daemon on 127.0.0.1, the shared
+2-core box with other work running; started by root with {pod_args or "its defaults: each job in its bubblewrap sandbox
+and its cgroup, its variables applied by the job step after the drop"}).
 Median of {lat["trials"]} trials, each on an idle pod; the reference is the same command started with `subprocess.Popen`.
+What the first statement waits for beyond the reference: the shim, the job's cgroup, the sandbox, `setpriv`, and the
+job step (`python -I -S`, which applies the job's variables as its account and execs the job).
 
 | figure | median ms |
 |---|---|
@@ -195,7 +199,9 @@ def main() -> int:
           f"{conc['concurrent_per_s']:.0f}/s (1 client: {conc['sequential_per_s']:.0f}/s)")  # fmt: skip
     print(json.dumps({"benchmark": "submit", "latency": lat, "concurrent": conc}))
     if not args.no_docs:
-        write_docs(lat, conc, f".venv/bin/python benchmarks/bench_submit.py --trials {args.trials}")
+        extra = f" --pod-args={args.pod_args}" if args.pod_args else ""
+        write_docs(lat, conc, f".venv/bin/python benchmarks/bench_submit.py --trials {args.trials}{extra}",
+                   args.pod_args)  # fmt: skip
     return 0 if lat["met"] and conc["all_recorded_once"] else 1
 
 
