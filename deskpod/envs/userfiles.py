@@ -204,8 +204,7 @@ def scandir_beneath(folder: Folder, rel: str | PurePosixPath = ".", *,
     ``is_file``/``is_dir`` must be asked with ``follow_symlinks=False``."""
     fd = open_beneath(folder, rel, owner=owner, directory=True)
     try:
-        with os.scandir(fd) as it:
-            return sorted(it, key=lambda e: e.name)
+        return _entries(fd)
     finally:
         os.close(fd)
 
@@ -322,10 +321,24 @@ def scandir_path(path: Path | str) -> list[os.DirEntry[str]]:
     except OSError:
         return []
     try:
-        with os.scandir(fd) as it:
-            return sorted(it, key=lambda e: e.name)
+        return _entries(fd)
     finally:
         os.close(fd)
+
+
+def _entries(fd: int) -> list[os.DirEntry[str]]:
+    """The entries of the open folder ``fd``, sorted by name, each with its ``lstat`` asked while ``fd`` is open: a
+    `DirEntry` of a descriptor asks relative to it, and after the caller closes it the number may be another
+    file's. (An entry whose ``lstat`` fails is left out.)"""
+    out = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            try:
+                entry.stat(follow_symlinks=False)  # cached on the entry: is_file/is_dir(follow_symlinks=False) use it
+            except OSError:
+                continue
+            out.append(entry)
+    return sorted(out, key=lambda e: e.name)
 
 
 def folder_bytes(folder: Folder) -> int:
