@@ -238,7 +238,8 @@ def _walk(path: Path | str) -> tuple[int, str, int | None, str]:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
                 if owner is not None or st.st_uid != me:  # only a link of this process's own, in its own folders
-                    raise RefusedFile(shown, "has a symbolic link on its way that is not the pod's own")
+                    why = "is a symbolic link" if not todo else f"has a symbolic link on its way ({name})"
+                    raise RefusedFile(shown, why)
                 links += 1
                 if links > MAX_LINKS:
                     raise OSError(errno.ELOOP, "too many symbolic links", shown)

@@ -407,7 +407,8 @@ class Pod:
     def _tell(self, job: JobRecord, lines: Sequence[str]) -> None:
         """Add the pod's own lines to the end of a job's log (what its limits did to it)."""
         try:
-            with sv.open_log(self._files(job).log) as log:
+            folder = os.lstat(self._files(job).folder)  # the log is its account's: opened as no one else's
+            with sv.open_log(self._files(job).log, (folder.st_uid, folder.st_gid)) as log:
                 log.write("".join(f"deskpod: {line}\n" for line in lines).encode())
         except OSError:
             pass

@@ -12,9 +12,11 @@ loop drives the timing (`Supervisor` holds no timers), so a stop survives a daem
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from deskpod.envs.userfiles import read_path
+from deskpod.envs.userfiles import RefusedFile, check_owned, read_path
 
 SHIM = Path(__file__).with_name("shim.py")
 SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -197,10 +199,27 @@ class Supervisor:
 
 
 def open_log(path: Path, owner: tuple[int, int] | None = None) -> IO[bytes]:
-    """A job's log, opened for appending without following a symbolic link; owned by ``owner`` when given."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
-    if owner is not None:
-        os.fchown(fd, *owner)
+    """A job's log, opened for appending without following a symbolic link and without waiting (the job's user may
+    have made it a FIFO); owned by ``owner`` when given. What is there must be a regular file of ``owner``'s or
+    this process's own, single-linked (`deskpod.envs.userfiles.check_owned`); `RefusedFile` otherwise."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o640)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):  # a link; a FIFO nobody reads
+            why = "is a symbolic link" if e.errno == errno.ELOOP else "is not a regular file"
+            raise RefusedFile(str(path), why) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RefusedFile(str(path), "is not a regular file")
+        check_owned(st, str(path), owner[0] if owner is not None else None)
+        if owner is not None:
+            os.fchown(fd, *owner)
+    except BaseException:
+        os.close(fd)
+        raise
     return os.fdopen(fd, "ab")
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deskpod.envs.userfiles import open_path, scandir_path, stat_path
+from deskpod.envs.userfiles import RefusedFile, open_path, scandir_path, stat_path
 from deskpod.errors import ConfigError
 from deskpod.jobs import joblog
 
@@ -164,13 +164,16 @@ def search(
 
 def tail(path: Path, *, max_bytes: int = TAIL_BYTES, max_lines: int = TAIL_LINES) -> tuple[str, int, bool]:
     """(text, offset, cut): the last lines of a log; the offset just past them (where a live reader goes on
-    from); whether earlier lines were left out."""
+    from); whether earlier lines were left out. A log the job's user replaced with a link, a FIFO or someone
+    else's file is not read, and the text says so."""
     try:
         with os.fdopen(open_path(path), "rb") as f:
             size = f.seek(0, 2)
             start = max(0, size - max_bytes)
             f.seek(start)
             data = f.read(size - start)
+    except RefusedFile as e:
+        return f"deskpod: {path.name} {e.why}; not shown\n", 0, False
     except OSError:
         return "", 0, False
     base, cut = start, start > 0

@@ -640,7 +640,9 @@ def register(app: FastAPI, web: Any) -> None:
     @app.post("/models/{job_id}/try")
     async def try_post(request: Request, job_id: str, who: Signed) -> Response:
         declared = request.headers.get("content-length", "")
-        if not (declared.isascii() and declared.isdigit()):  # browsers send it; without it the size is known only after spooling it all
+        if not (
+            declared.isascii() and declared.isdigit()
+        ):  # browsers send it; without it the size is known only after spooling it all
             raise ConfigError("the upload must say its size (a Content-Length header); chunked uploads are refused")
         if int(declared) > MAX_UPLOAD_BYTES + (64 << 10):  # the image, and room for the form around it
             raise TooLargeError(f"the upload is over the limit of {MAX_UPLOAD_BYTES >> 20} MiB; choose a smaller image")
