@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.cluster import slurm
+from deskpod.envs.userfiles import read_path
 from deskpod.errors import ConfigError, DeviceError
 from deskpod.jobs.spec import SLURM_DEFAULTS, JobSpec, parse_spec
 
@@ -228,8 +229,10 @@ def submit_in(spec: JobSpec, folder: Path) -> Submitted:
 
 
 def read_attempts(files: JobFiles) -> list[dict[str, Any]]:
+    """The job's attempt records, read as `deskpod.envs.userfiles.open_path` reads a job's folder (a root pod in front
+    of Slurm reads folders its users write); [] when missing, refused or not a list."""
     try:
-        data = json.loads(files.attempts.read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(read_path(files.attempts, limit=16 << 20))
+    except (OSError, ValueError, RecursionError):
         return []
     return list(data) if isinstance(data, list) else []
