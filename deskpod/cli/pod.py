@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -208,7 +209,10 @@ def _detach(args: argparse.Namespace, home: Path) -> int:
     argv = [sys.executable, "-m", "deskpod", *(a for a in args.argv if a != "--detach"), "--home", str(home)]
     info = home / "daemon.json"
     info.unlink(missing_ok=True)
-    with open(home / "daemon.log", "ab") as log:
+    # the daemon's own output (tracebacks, what jobs did) is root's: 0600, as the rest of the pod's state
+    fd = os.open(home / "daemon.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)  # one an older pod left readable
+    with os.fdopen(fd, "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -2,14 +2,16 @@
 
 Files under the home (``DESKPOD_HOME``, default ``~/.deskpod``)::
 
-    pod.db            SQLite (WAL): users, token hashes, jobs, history
-    daemon.lock       held (flock) while a daemon runs: a second one on the same home is refused
-    daemon.json       {"url", "socket", "pid"}: how the CLI on this box finds the service
-    pod.sock          the Unix socket: local users need no token, the kernel says who they are
+    pod.db            SQLite (WAL): users, token hashes, jobs (their env: secrets), history; 0600, -wal/-shm too
+    daemon.lock       held (flock) while a daemon runs: a second one on the same home is refused; 0600
+    daemon.json       {"url", "socket", "pid"}: how the CLI on this box finds the service (0644: users read it)
+    daemon.log        the output of a daemon started with --detach (0600)
+    pod.sock          the Unix socket (0666): local users need no token, the kernel says who they are
     token             the admin token written on first start (mode 0600), unless DESKPOD_TOKEN_FILE says elsewhere
     jobs/<id>/        the job's folder, its user's (mode 0700): output.log, exit/pid/phase.<attempt>, for
                       train jobs train.toml and runs/, for jobs with an [environment] env-build.log and environment/
     envs/             the environments jobs asked for (`deskpod env list`), shared by all jobs
+    plan/             the box's calibration (`deskpod.plan.local`), the pod's alone (0700)
 
 The home is mode 0711 on a root pod (users reach their job folders and the socket, nothing else).
 
@@ -34,6 +36,7 @@ from deskpod.environment import Environment
 from deskpod.errors import UsageError
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.pod import Pod, PodConfig
+from deskpod.plan.local import calibration_path
 
 
 def _lock(home: Path) -> IO[str]:
@@ -195,6 +198,9 @@ def serve(
         os.chmod(home, 0o711)
         (home / "jobs").mkdir(exist_ok=True, mode=0o711)
         os.chmod(home / "jobs", 0o711)
+        plan = calibration_path(home).parent  # the box's calibration: no user needs what the pod keeps there
+        plan.mkdir(exist_ok=True, mode=0o700)
+        os.chmod(plan, 0o700)
     lock = _lock(home)
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]

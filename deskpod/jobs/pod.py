@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from deskpod.environment import Environment
 from deskpod.envs.limits import LimitSettings
-from deskpod.envs.userfiles import read_path, stat_path
+from deskpod.envs.userfiles import read_path, scandir_path, stat_path
 from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError, UsageError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
@@ -532,7 +532,7 @@ class Pod:
             spec.name,
         ]
         argv += ["--devices", "all"]
-        if any((out / spec.name / "checkpoints").glob("*.pt")):
+        if any(e.name.endswith(".pt") for e in scandir_path(out / spec.name / "checkpoints")):  # no link followed
             argv.append("--resume")
         return argv
 

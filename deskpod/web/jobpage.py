@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from deskpod.envs.userfiles import stat_path
 from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
@@ -48,10 +48,8 @@ def job_view(web: Any, job: JobRecord, max_points: int = stream.MAX_POINTS) -> d
     ckpts: list[dict[str, Any]] = []
     if run is not None:
         metrics = RunPaths(run).metrics
-        try:
-            cursor.inode = os.stat(metrics).st_ino  # before reading: a file replaced meanwhile resets the stream
-        except OSError:
-            cursor.inode = 0
+        st = stat_path(metrics)  # before reading: a file replaced meanwhile resets the stream
+        cursor.inode = 0 if st is None else st.st_ino
         s = web.series.get(metrics)
         cursor.rows = {k: s.rows(k) for k in KINDS}
         points = stream.chart_points(s, cursor.rows, max_points)

@@ -56,10 +56,11 @@ from deskpod.jobs.api import status_of
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.serve.images import ImagePreprocess, prepared_image
-from deskpod.train.runs import NAME_MAX, RunPaths, has_checkpoint
+from deskpod.train.runs import NAME_MAX, RunPaths
 from deskpod.web import render
 from deskpod.web.failures import failure
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
+from deskpod.web.runinfo import has_checkpoint
 from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
 
 Signed = Annotated[Viewer, Depends(viewer)]

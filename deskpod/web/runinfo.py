@@ -21,6 +21,9 @@ from deskpod.train.runs import RunPaths, checkpoint_step
 from deskpod.web.render import TEMPLATES
 from deskpod.web.series import Series
 
+MAX_BYTES = 1 << 20
+"""A config or summary is read up to this size (a bigger one is no run's own: it reads as damaged)."""
+
 
 def display(value: Any) -> str:
     """A config value as text: JSON, so ``"1"`` and ``1`` look different."""
@@ -49,7 +52,7 @@ def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
     path = None if run is None else RunPaths(run).config
     if path is not None and stat_path(path) is not None:
         try:
-            return _config("config.toml", flatten(tomllib.loads(read_path(path).decode())))
+            return _config("config.toml", flatten(tomllib.loads(read_path(path, limit=MAX_BYTES).decode())))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
             return {**_config("config.toml", {}), "error": f"cannot read config.toml: {e}"}
     return _config("the submitted spec (the run has not resolved it yet)", flatten(job.spec.train))
@@ -64,7 +67,7 @@ def read_summary(run: Path | None) -> dict[str, Any] | None:
     if run is None:
         return None
     try:
-        data = json.loads(read_path(run / "summary.json"))
+        data = json.loads(read_path(run / "summary.json", limit=MAX_BYTES))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
@@ -72,13 +75,22 @@ def read_summary(run: Path | None) -> dict[str, Any] | None:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
 
 
+def checkpoint_files(run: Path) -> list[tuple[int, str]]:
+    """(step, file name) of the run's checkpoints, oldest first: the files ``checkpoints/`` lists, reached without
+    following a link (`deskpod.train.runs.list_checkpoints` is the trainer's, in a folder of its own)."""
+    return sorted((step, e.name) for e in scandir_path(RunPaths(run).checkpoints)
+                  if (step := checkpoint_step(Path(e.name))) is not None and e.is_file(follow_symlinks=False))  # fmt: skip
+
+
+def has_checkpoint(run: Path) -> bool:
+    return bool(checkpoint_files(run))
+
+
 def checkpoints(run: Path, s: Series) -> list[dict[str, Any]]:
     """The run's checkpoints, each with the train loss at its step and the latest validation at or before it."""
     out = []
     folder = RunPaths(run).checkpoints
-    found = sorted((step, e.name) for e in scandir_path(folder)
-                   if (step := checkpoint_step(Path(e.name))) is not None)  # fmt: skip
-    for step, name in found:
+    for step, name in checkpoint_files(run):
         st = stat_path(folder / name)
         if st is None:  # deleted meanwhile (the trainer keeps the latest few), or not a file
             continue
