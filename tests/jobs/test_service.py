@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +306,28 @@ def test_placement_on_a_modelled_dgx1(pod_factory: Pods) -> None:
     quad = sorted(int(x) for x in c.log(job["id"])[0].decode().split()[-1].split(","))
     assert quad in ([0, 1, 2, 3], [4, 5, 6, 7])  # a fully NVLink-connected quad of the hybrid cube-mesh
     assert "NVLink" in next(e["note"] for e in done["events"] if e["to"] == "starting")
+
+
+def test_detach_starts_the_daemon_with_exactly_the_arguments_given(tmp_path: Path) -> None:
+    """`deskpod up --detach` runs itself again in the background; no flag is dropped on the way (a new flag once was)."""
+    home = tmp_path / "home"
+    args = ["up", "--detach", "--port", "0", "--home", str(home), "--no-dashboard", "--grace", "3",
+            "--job-tasks", "77", "--job-disk", "1G", "--no-pin-cpus", "--priority-limit", "5"]  # fmt: skip
+    env = dict(os.environ, DESKPOD_TOKEN_FILE=str(home / "token"))
+    done = subprocess.run(
+        [sys.executable, "-m", "deskpod", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    info = json.loads((home / "daemon.json").read_text())
+    try:
+        argv = Path(f"/proc/{info['pid']}/cmdline").read_bytes().decode().split("\0")
+        given = [a for a in args if a != "--detach"]
+        assert argv[argv.index("up") : argv.index("up") + len(given)] == given, argv
+        assert "--detach" not in argv
+        assert (home / "daemon.log").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.kill(info["pid"], signal.SIGTERM)
+        for _ in range(400):
+            if not Path(f"/proc/{info['pid']}").exists():
+                break
+            time.sleep(0.05)
