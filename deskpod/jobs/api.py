@@ -11,6 +11,7 @@ the OpenAPI document describes them, `parse_spec` enforces them.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from deskpod import __version__
 from deskpod.errors import (
@@ -43,6 +45,9 @@ from deskpod.jobs.store import User
 MAX_BODY = 4 << 20
 """Bytes; a spec is a few hundred, one carrying its environment's lock file up to a few MiB. Larger
 bodies get 413 before they are parsed."""
+MAX_DEPTH = 32
+"""Arrays and objects nested in a body at most; a spec nests six (a train table's arrays in tables). Deeper JSON
+is refused before anything walks it (the parser itself stops at Python's recursion limit, near 1,000)."""
 MAX_LOG_CHUNK = 1 << 20
 ERROR: dict[str, Any] = {
     "description": "the request was refused; `error` says why in one line",
@@ -171,27 +176,25 @@ def create_app(
         return JSONResponse({"error": "bad request: " + "; ".join(parts)}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=e.headers)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        headers = {**(e.headers or {}), **({"Allow": allowed_methods(request)} if e.status_code == 405 else {})}
+        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
 
     async def json_body(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
-            raise TooLargeError(f"request body of {declared} bytes is over the limit of {MAX_BODY}")
+        declared = request.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > MAX_BODY):
+            raise TooLargeError(f"request body of {declared:.20} bytes is over the limit of {MAX_BODY}")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > MAX_BODY:
                 raise TooLargeError(f"request body is over the limit of {MAX_BODY} bytes")
             chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks) or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError(f"request body is not valid JSON: {e}") from e
+        return parse_json(b"".join(chunks) or b"null")
 
     def body_object(data: Any, fields: tuple[str, ...]) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -199,6 +202,9 @@ def create_app(
         unknown = sorted(set(data) - set(fields))
         if unknown:
             raise ConfigError(f"request body: unknown field {unknown[0]!r}; valid: {', '.join(fields)}")
+        null = next((k for k, v in data.items() if v is None), None)
+        if null is not None:  # no field takes null (the document says so): leave it out for its default
+            raise ConfigError(f"request body: {null} = null is not valid; leave {null} out for its default")
         return data
 
     spec_schema = SPEC_SCHEMA if pod.isolation is not None else spec_without_environment()
@@ -321,14 +327,15 @@ def create_app(
         admin = data.get("admin", False)
         if not isinstance(admin, bool):
             raise ConfigError(f"admin = {admin!r}: expected true or false")
+        wanted = data.get("os_user")
+        if wanted is not None and (not isinstance(wanted, str) or not 0 < len(wanted) <= 64):
+            raise ConfigError(f"os_user = {wanted!r:.80}: expected the name of an OS account of this box, e.g. alice")
         os_user = None
         if pod.accounts is not None:
-            wanted = data.get("os_user")
-            well_formed = isinstance(wanted, str) and 0 < len(wanted) <= 64
             try:
                 os_user = pod.accounts.check_os_user(wanted)
             except ConfigError as e:  # a well-formed name this box has no account for: its state, not bad input
-                raise (ConflictError(str(e)) if well_formed else e) from None
+                raise ConflictError(str(e)) from None
         if not store.add_user(name, admin, os_user):
             raise ConflictError(f"user {name!r} exists already; make another token with POST /v1/users/{name}/tokens")
         made = {"name": name, "admin": admin, "token": auth.new_token(store, name)}
@@ -395,6 +402,51 @@ def create_app(
 
     app.openapi = document  # type: ignore[method-assign]
     return app
+
+
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` header of a 405: every method that a route of the request's app takes at its path (Starlette
+    names only those of the first route it found there, e.g. ``POST`` for ``/v1/jobs``, which takes ``GET`` too)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON, or `ConfigError` saying why not: malformed, nested deeper than `MAX_DEPTH`, or a
+    number of more digits than Python converts (``sys.get_int_max_str_digits``, 4,300)."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise ConfigError(f"request body: JSON nested too deeply; at most {MAX_DEPTH} arrays or objects") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"request body is not valid JSON: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"request body is not valid JSON: {e}") from None
+    except ValueError:  # int() refused a literal (the parser's only other ValueError)
+        raise ConfigError(
+            f"request body: a number has more than {sys.get_int_max_str_digits()} digits; no field takes one that long"
+        ) from None
+    if nesting(data) > MAX_DEPTH:
+        raise ConfigError(f"request body: JSON nested too deeply; at most {MAX_DEPTH} arrays or objects")
+    return data
+
+
+def nesting(data: Any) -> int:
+    """How deeply arrays and objects nest in decoded JSON (0 for a scalar), without recursion."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:  # deeper is refused anyway: the walk stops there
+                todo.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return deepest
 
 
 def spec_without_environment() -> dict[str, Any]:

@@ -168,6 +168,25 @@ class JobSpec:
         return out
 
 
+def _no_nulls(table: Mapping[str, Any], prefix: str) -> None:
+    """Refuse a field given as null: no field of a spec takes one (the schema says so); a field left out gets its
+    default. (`stored_spec` reads the stored form, which writes unset fields as null.)"""
+    for key, value in table.items():
+        if value is None:
+            raise ConfigError(f"job spec: {prefix}{key} = null is not valid; leave {prefix}{key} out for its default")
+
+
+def without_nulls(data: object) -> object:
+    """A stored spec (`JobSpec.to_json`, which writes unset fields as null) with those fields left out, as
+    `parse_spec` takes them."""
+    if not isinstance(data, Mapping):
+        return data
+    out = {k: v for k, v in data.items() if v is not None}
+    if isinstance(out.get("slurm"), Mapping):
+        out["slurm"] = {k: v for k, v in out["slurm"].items() if v is not None}
+    return out
+
+
 def _bad(key: str, value: object, valid: str) -> ConfigError:
     shown = repr(value)
     if len(shown) > 80:
@@ -191,8 +210,9 @@ def _devices(v: object, device_count: int | None) -> int | str:
     v = _whole(v)
     if isinstance(v, str) and v.strip().lower() == "all":
         return "all" if device_count is None else device_count
-    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # "²".isdigit() is True; int() refuses it
-        v = int(v.strip())
+    text = v.strip() if isinstance(v, str) else ""
+    if 0 < len(text) <= 9 and text.isascii() and text.isdigit():  # "²".isdigit() is True; int() refuses it
+        v = int(text)
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEVICES:
         raise _bad("devices", v, 'expected a count from 1 or "all", e.g. devices = 2')
     return v
@@ -211,6 +231,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     unknown = sorted(str(k) for k in data if k not in FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field {unknown[0]!r}; valid fields: {', '.join(FIELDS)}")
+    _no_nulls(data, "")
 
     given = [k for k in KINDS if k in data]
     if len(given) != 1:
@@ -320,6 +341,7 @@ def stored_spec(data: object) -> JobSpec:
     """A spec as the store keeps it, validated again. One that was accepted when it was stored but that today's
     rules refuse (a loader variable in its ``env``, an environment from a local path) is kept for listings
     without its ``env`` and ``environment``, with `JobSpec.refused` saying why: it never runs."""
+    data = without_nulls(data)
     try:
         return parse_spec(data)
     except ConfigError as e:
@@ -348,6 +370,7 @@ def _slurm(t: object) -> dict[str, Any]:
     unknown = sorted(str(k) for k in t if k not in SLURM_FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field slurm.{unknown[0]}; valid: {', '.join(SLURM_FIELDS)}")
+    _no_nulls(t, "slurm.")
     out = {**SLURM_DEFAULTS, **dict(t)}
     for key in ("partition", "account", "qos"):
         v = out.get(key)
@@ -377,6 +400,7 @@ def _serve(t: object) -> dict[str, Any]:
     unknown = sorted(str(k) for k in t if k not in SERVE_FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field serve.{unknown[0]}; valid: {', '.join(SERVE_FIELDS)}")
+    _no_nulls(t, "serve.")
     run = t.get("run")
     if not isinstance(run, str) or not run.startswith("/") or "\0" in run or len(run) > 4096:
         raise _bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')

@@ -32,7 +32,7 @@ from deskpod.web import logs, render, stacks, stream
 from deskpod.web.joblist import progress
 from deskpod.web.runinfo import checkpoints, read_summary, resolved_config
 from deskpod.web.series import KINDS
-from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
+from deskpod.web.session import ROOT, SignedIn, Viewer, form_csrf, viewer
 
 Signed = Annotated[Viewer, Depends(viewer)]
 
@@ -126,7 +126,9 @@ def register(app: FastAPI, web: Any) -> None:
         # A reconnecting EventSource sends the id of the last event it got; the page's first connect
         # passes the cursor of the data it was rendered with.
         resume = request.headers.get("last-event-id") or cursor
-        events = stream.job_events(web, job, stream.Cursor.parse(resume), request.is_disconnected)
+        events = stream.job_events(
+            web, job, stream.Cursor.parse(resume), request.is_disconnected, signed_in=SignedIn(request, who)
+        )
         return StreamingResponse(
             events,
             media_type="text/event-stream",
