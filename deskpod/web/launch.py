@@ -278,9 +278,13 @@ def prediction(
     k = len(values["indices"])
     batch = int(values["batch_size"])
     steps = int(values["steps"] or 0)
-    epochs = steps * batch * k / summary["train_size"] if steps else float(values["epochs"])
     machine = web.pod.config.machine
     out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": []}
+    try:
+        epochs = steps * batch * k / summary["train_size"] if steps else float(values["epochs"])
+    except OverflowError:  # a count of hundreds of digits (a field holds up to MAX_VALUE characters)
+        out["message"] = "No prediction: a run this long is past what a float can count."
+        return out
     home = Path(web.home).resolve()
     factors = None
     if machine is None:
