@@ -80,6 +80,23 @@ LOG_HEADERS: dict[str, Any] = {
 }  # fmt: skip
 
 
+JOB_OPERATIONS = (("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/log"), ("post", "/v1/jobs/{job_id}/cancel"),
+                  ("post", "/v1/jobs/{job_id}/requeue"))  # fmt: skip
+USER_OPERATIONS = (("post", "/v1/users/{name}/tokens"), ("post", "/v1/users/{name}/revoke"))
+
+
+def links(parameter: str, field: str, operations: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """OpenAPI links from an answer that made something to the operations on it: ``parameter`` of each is the
+    answer's ``field`` (a client, or a fuzzer, follows them from a new job to its log, cancel and requeue)."""
+    return {
+        f"{method}{path.replace('/', '_').replace('{', '').replace('}', '')}": {
+            "operationRef": f"#/paths/{path.replace('~', '~0').replace('/', '~1')}/{method}",
+            "parameters": {parameter: f"$response.body#/{field}"},
+        }
+        for method, path in operations
+    }
+
+
 def errors(*codes: int, **why: str) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` of the given error statuses, each with the error body; ``why`` (``s409=...``)
     says what a status means for this operation. 401 and 500 are added: every operation with a caller has them."""
@@ -222,7 +239,10 @@ def create_app(
         "/v1/jobs",
         status_code=201,
         tags=["jobs"],
-        responses=errors(400, 403, 409, 413, s409=SUBMIT_CONFLICT),
+        responses={
+            201: {"description": "the job, queued", "links": links("job_id", "id", JOB_OPERATIONS)},
+            **errors(400, 403, 409, 413, s409=SUBMIT_CONFLICT),
+        },
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": spec_schema}}}},
     )
     async def submit(request: Request, user: Caller) -> dict[str, Any]:
@@ -316,7 +336,10 @@ def create_app(
         "/v1/users",
         status_code=201,
         tags=["users"],
-        responses=errors(400, 403, 409, 413, s409="the user exists already, or `os_user` names no account of this box"),
+        responses={
+            201: {"description": "the user and its first token", "links": links("name", "name", USER_OPERATIONS)},
+            **errors(400, 403, 409, 413, s409="the user exists already, or `os_user` names no account of this box"),
+        },
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": user_schema}}}},
     )
     async def add_user(request: Request, user: Caller) -> dict[str, Any]:
