@@ -72,7 +72,7 @@ class JobFiles:
             data = json.loads(self.spec.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"{self.spec}: not a deskpod cluster job folder ({e})") from None
-        return parse_spec(without_nulls(data))  # written by JobSpec.to_json: unset fields are null
+        return parse_spec(without_nulls(data))  # a folder written when JobSpec.to_json wrote unset fields as null
 
 
 def slurm_options(spec: JobSpec) -> dict[str, Any]:

@@ -143,16 +143,20 @@ class JobSpec:
         return "train" if self.train is not None else "serve" if self.serve is not None else "command"
 
     def to_json(self) -> dict[str, Any]:
+        """The canonical form, as the store keeps it and the API shows it: a spec `parse_spec` takes back unchanged
+        (a field that is not set is left out, never null: the parser, like the API's schema, refuses null)."""
         out: dict[str, Any] = {
             "name": self.name,
             "devices": self.devices,
             "placement": self.placement,
             "priority": self.priority,
-            "max_runtime": self.max_runtime,
             "retries": self.retries,
             "env": dict(self.env),
-            "workdir": self.workdir,
         }
+        if self.max_runtime is not None:
+            out["max_runtime"] = self.max_runtime
+        if self.workdir is not None:
+            out["workdir"] = self.workdir
         if self.nodes != 1:
             out["nodes"] = self.nodes
         if self.slurm:
@@ -170,15 +174,15 @@ class JobSpec:
 
 def _no_nulls(table: Mapping[str, Any], prefix: str) -> None:
     """Refuse a field given as null: no field of a spec takes one (the schema says so); a field left out gets its
-    default. (`stored_spec` reads the stored form, which writes unset fields as null.)"""
+    default. (`stored_spec` reads specs stored when unset fields were written as null.)"""
     for key, value in table.items():
         if value is None:
             raise ConfigError(f"job spec: {prefix}{key} = null is not valid; leave {prefix}{key} out for its default")
 
 
 def without_nulls(data: object) -> object:
-    """A stored spec (`JobSpec.to_json`, which writes unset fields as null) with those fields left out, as
-    `parse_spec` takes them."""
+    """A spec stored before `JobSpec.to_json` left unset fields out (it wrote them as null), as `parse_spec` takes
+    it."""
     if not isinstance(data, Mapping):
         return data
     out = {k: v for k, v in data.items() if v is not None}
