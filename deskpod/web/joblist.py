@@ -76,7 +76,7 @@ def _total_steps(web: Any, launch: Path) -> int | None:
     if hit is None or hit[0] != mtime:
         try:
             total = json.loads(launch.read_text()).get("total_steps")
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, RecursionError):
             total = None
         hit = cache[launch] = (mtime, int(total) if isinstance(total, int) else None)
     return hit[1]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from deskpod.jobs.api import MAX_DEPTH, nesting
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths, checkpoint_step, list_checkpoints
 from deskpod.web.render import TEMPLATES
@@ -50,7 +51,7 @@ def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
         try:
             with open(path, "rb") as f:
                 return _config("config.toml", flatten(tomllib.load(f)))
-        except (OSError, tomllib.TOMLDecodeError) as e:
+        except (OSError, tomllib.TOMLDecodeError, RecursionError) as e:  # the job writes it: anything may be there
             return {**_config("config.toml", {}), "error": f"cannot read config.toml: {e}"}
     return _config("the submitted spec (the run has not resolved it yet)", flatten(job.spec.train))
 
@@ -59,17 +60,34 @@ def _config(source: str, values: dict[str, Any]) -> dict[str, Any]:
     return {"source": source, "values": values, "items": [[k, display(values[k])] for k in sorted(values)]}
 
 
+SUMMARY_NUMBERS = frozenset({"test_accuracy", "test_loss", "throughput_images_per_s", "throughput_per_device",
+                             "train_time_s", "wall_time_s", "data_wait_fraction", "steps", "total_steps", "restarts"})  # fmt: skip
+"""Keys of ``summary.json`` that the pages compute with: anything but a number there is shown as none."""
+
+
 def read_summary(run: Path | None) -> dict[str, Any] | None:
-    """``summary.json`` of a run that finished (None before), with non-finite numbers as None."""
+    """``summary.json`` of a run that finished (None before). The job writes it, so it may hold anything: a
+    non-finite number, a `SUMMARY_NUMBERS` key that is no number, a ``state`` that is no text, or a value nested
+    deeper than the pages render is None."""
     if run is None:
         return None
     try:
         data = json.loads((run / "summary.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # also 1,000-deep JSON and numbers of 4,300+ digits
         return None
     if not isinstance(data, dict):
         return None
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+    return {k: _summary_value(k, v) for k, v in data.items()}
+
+
+def _summary_value(key: str, v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if key == "state":
+        return v if isinstance(v, str) else None
+    if key in SUMMARY_NUMBERS:
+        return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return v if nesting(v) <= MAX_DEPTH else None
 
 
 def checkpoints(run: Path, s: Series) -> list[dict[str, Any]]:

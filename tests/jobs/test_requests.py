@@ -213,6 +213,51 @@ def test_an_empty_file_name_is_refused_and_the_document_says_so(
         assert r.status_code == 400 and f"environment.{kind}.file = ''" in r.json()["error"], r.text
 
 
+# ---------------------------------------------------------------------------------------------- job files
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+RUN_FILES = {
+    "summary.json": [
+        '{"state": ["x"], "test_accuracy": "x", "test_loss": [1], "throughput_images_per_s": {"a": 1}, "wall_time_s":'
+        ' "1", "data_wait_fraction": true, "steps": [1], "restarts": "x"}',
+        '{"state": "done", "test_accuracy": ' + "9" * 4000 + ', "wall_time_s": 1e308}',
+        *('{"x": ' + _deep(n) + "}" for n in (40, 600, 990)), '{"x": ' + "1" * 5000 + "}", "[1]",
+    ],
+    "config.toml": ["a = " + _deep(n) for n in (40, 600, 2000)],
+    "launch.json": ['{"total_steps": "x"}', '{"total_steps": ' + "9" * 4000 + "}", '{"total_steps": ' + "1" * 5000 + "}"],
+    "metrics.jsonl": [
+        '{"kind": "train", "step": 1, "loss": ' + "1" * 5000 + "}\n",
+        '{"kind": "train", "step": 2, "loss": ' + "9" * 4000 + "}\n",
+        '{"kind": ' + _deep(1000) + ', "step": 3}\n{"kind": "train", "step": "x", "loss": [1]}\n',
+    ],
+}  # fmt: skip
+"""What a job can write in its run folder, which the dashboard reads: JSON 1,000 deep, numbers of thousands of
+digits, values of the wrong type. Each made a page answer 500 (to the admin too, who sees every job)."""
+
+
+def test_what_a_job_writes_in_its_run_folder_makes_no_page_answer_500(pod: Pod, eve: str) -> None:
+    job = pod.client(eve).submit({"name": "writer", "command": ["sleep", "600"]})["id"]
+    run = pod.home / "jobs" / job / "runs" / "writer"
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "run.json").write_text("{}")  # a run of a command job (deskpod run makes one so)
+    pages = [f"/ui/jobs/{job}.json", f"/ui/jobs/{job}", f"/ui/compare.json?jobs={job}", f"/ui/compare?jobs={job}",
+             "/ui/jobs.json", "/ui/jobs", "/ui/models.json", "/ui/models", "/ui/"]  # fmt: skip
+    try:
+        with caller(pod, pod.token) as admin, caller(pod, eve) as owner:
+            for name, texts in RUN_FILES.items():
+                for text in texts:
+                    (run / name).write_text(text)
+                    for c in (admin, owner):
+                        for page in pages:
+                            r = c.get(page, headers={} if ".json" in page else {"Accept": "text/html"})
+                            assert r.status_code < 500, (name, text[:60], page, r.text[-300:])
+                    (run / name).unlink()
+    finally:
+        pod.client().cancel(job)
+
+
 # ---------------------------------------------------------------------------------------------- revocation
 class Watching:
     """One open live stream of a job's page (``/ui/jobs/<id>/events``), read in a thread until the server ends
