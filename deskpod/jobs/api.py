@@ -201,7 +201,8 @@ def create_app(
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
 
-    async def json_body(request: Request) -> Any:
+    async def json_body(request: Request, empty: Any = None) -> Any:
+        """The body as JSON (`parse_json`), or ``empty`` when there is none."""
         declared = request.headers.get("content-length", "")
         if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > MAX_BODY):
             raise TooLargeError(f"request body of {declared:.20} bytes is over the limit of {MAX_BODY}")
@@ -211,7 +212,8 @@ def create_app(
             if size > MAX_BODY:
                 raise TooLargeError(f"request body is over the limit of {MAX_BODY} bytes")
             chunks.append(chunk)
-        return parse_json(b"".join(chunks) or b"null")
+        body = b"".join(chunks)
+        return parse_json(body) if body else empty
 
     def body_object(data: Any, fields: tuple[str, ...]) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -398,8 +400,7 @@ def create_app(
     async def shutdown(request: Request, user: Caller) -> dict[str, Any]:
         """Stop the daemon (admin only). ``{"stop_jobs": true}`` also stops and requeues running jobs."""
         auth.require_admin(user)
-        data = await json_body(request)
-        data = {} if data is None else body_object(data, ("stop_jobs",))
+        data = body_object(await json_body(request, empty={}), ("stop_jobs",))  # no body; not a body of null
         stop_jobs = data.get("stop_jobs", False)
         if not isinstance(stop_jobs, bool):
             raise ConfigError(f"stop_jobs = {stop_jobs!r}: expected true or false")

@@ -176,6 +176,8 @@ def test_null_is_refused_where_the_document_takes_none(pod: Pod, eve: str, docum
         assert "nully" not in {u["name"] for u in c.get("/v1/users").json()["users"]}
         r = c.post("/v1/shutdown", json={"stop_jobs": None})
         assert r.status_code == 400 and "stop_jobs = null" in r.json()["error"]
+        r = c.post("/v1/shutdown", content=b"null", headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "expected a JSON object" in r.json()["error"]  # no body is not a null one
     assert pod.client().health()["status"] == "ok"
 
 
