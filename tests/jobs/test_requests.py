@@ -127,6 +127,20 @@ def test_a_job_id_in_other_digits_is_no_job_on_any_route(pod: Pod, eve: str, eve
     assert job["state"] == "running" and job["stopping"] is None  # no cancel or requeue reached the real job
 
 
+def test_counts_and_shapes_in_other_digits_are_field_errors_on_the_new_training_page(pod: Pod, eve: str) -> None:
+    """The dashboard's form reads device lists and synthetic shapes with the same parsers as the CLI: ``"¹"``
+    passed ``str.isdigit`` there too, and ``int`` raised out of them (500)."""
+    cases = [({"devices": "¹"}, "devices"), ({"devices": "0,¹"}, "devices"), ({"data": "synthetic:¹x2x2"}, "data"),
+             ({"data": "synthetic:3x٣x2"}, "data")]  # fmt: skip
+    with caller(pod, eve) as c:
+        for given, field in cases:
+            form = {"data": "fashion-mnist", "model": "mlp", **given}
+            r = c.get("/ui/new/preview.json", params=form)
+            assert r.status_code in (200, 400) and field in r.json()["errors"], (given, r.text[:300])
+            r = c.post("/ui/new", data=form)
+            assert r.status_code == 400 and field in r.json()["errors"], (given, r.text[:300])
+
+
 # ---------------------------------------------------------------------------------------------- 405
 def test_a_405_names_every_method_of_its_path(pod: Pod, eve_job: str) -> None:
     expect = {
