@@ -64,6 +64,6 @@ def _cpu_slots(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not all(p.isdigit() for p in parts):
+    if not all(p.isascii() and p.isdigit() for p in parts):
         raise ConfigError(f"DESKPOD_CPU_SLOTS={text!r}: expected slot indices like 0,2,3")
     return tuple(int(p) for p in parts)

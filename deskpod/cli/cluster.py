@@ -194,6 +194,6 @@ def _device_list(text: str) -> list[int]:
     from deskpod.errors import UsageError
 
     parts = [x.strip() for x in text.split(",")]
-    if not text.strip() or not all(x.isdigit() for x in parts):
+    if not text.strip() or not all(x.isascii() and x.isdigit() for x in parts):
         raise UsageError(f"--devices {text!r}: not a device list; use indices like 0,1,2,3")
     return [int(x) for x in parts]

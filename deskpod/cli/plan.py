@@ -113,7 +113,7 @@ def _split(text: str) -> tuple[str, int]:
     name, _, count = text.partition(":")
     if not count:
         return name, 1
-    if not count.isdigit() or int(count) < 1:
+    if not (count.isascii() and count.isdigit()) or int(count) < 1:
         raise UsageError(f"bad machine {text!r}; write MACHINE or MACHINE:NODES, e.g. dgx1-p100:124")
     return name, int(count)
 

@@ -101,7 +101,7 @@ def submit(args: argparse.Namespace) -> int:
     devices: int | str
     if text == "all":
         devices, inner = "all", "all"
-    elif text.isdigit():
+    elif text.isascii() and text.isdigit():  # "¹".isdigit() too, which int() refuses
         devices = inner = int(text)  # type: ignore[assignment]
     else:  # a list names this box's devices; the pod chooses them itself, so it asks for as many
         devices = len(parse_device_spec(text, 1 << 16))

@@ -227,7 +227,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     url = args.url or ("127.0.0.1:8000" if args.protocol == "http" else "127.0.0.1:8001")
     host, _, port = url.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit()):
         raise UsageError(f"--url {url!r} must be host:port, e.g. 127.0.0.1:8000")
     spec = LoadSpec(
         host=host,

@@ -100,7 +100,7 @@ def _place(args: argparse.Namespace, topology: object) -> int:
         free = list(range(n))
     else:
         parts = [x.strip() for x in args.free.split(",") if x.strip()]
-        if not all(x.isdigit() for x in parts):
+        if not all(x.isascii() and x.isdigit() for x in parts):
             raise UsageError(f"--free {args.free!r}: not a device list; use indices like 0,2,3")
         free = [int(x) for x in parts]
     result = place(topology, free, args.place, policy=args.policy)

@@ -113,7 +113,7 @@ def submit(args: argparse.Namespace) -> int:
     build_config(args.config, overrides)  # bad keys and values fail here, before anything is queued
     train = {**(read_config_file(args.config) if args.config else {}), **overrides}
     train.pop("devices", None)
-    devices_value: int | str = int(devices) if str(devices).isdigit() else str(devices)
+    devices_value: int | str = int(devices) if str(devices).isascii() and str(devices).isdigit() else str(devices)
     job = submit_train(train, devices=devices_value, name=train.pop("name", None))
     print(f"submitted job {job}; follow it with: deskpod logs -f {job}")
     return 0

@@ -30,7 +30,7 @@ from typing import Any
 from deskpod.cluster import slurm
 from deskpod.envs.userfiles import read_path
 from deskpod.errors import ConfigError, DeviceError
-from deskpod.jobs.spec import SLURM_DEFAULTS, JobSpec, parse_spec
+from deskpod.jobs.spec import SLURM_DEFAULTS, JobSpec, parse_spec, without_nulls
 
 CHECKPOINT_SIGNAL = "USR2"
 """What Slurm sends before the time limit (``--signal=USR2@T``): deskpod's trainer checkpoints and exits
@@ -73,7 +73,7 @@ class JobFiles:
             data = json.loads(self.spec.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"{self.spec}: not a deskpod cluster job folder ({e})") from None
-        return parse_spec(data)
+        return parse_spec(without_nulls(data))  # a folder written when JobSpec.to_json wrote unset fields as null
 
 
 def slurm_options(spec: JobSpec) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from deskpod.errors import NotFoundError
 from deskpod.jobs.joblog import read_log
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.states import FINAL, JobState
+from deskpod.jobs.store import job_number
 
 MAX_LOG_CHUNK = 1 << 20
 
@@ -54,8 +55,7 @@ class SlurmClient:
         return self.job(done.job_id)
 
     def folder(self, job_id: str) -> JobFiles:
-        link = self._by_id() / job_id
-        if not job_id.isdigit() or not link.exists():
+        if job_number(job_id) is None or not (link := self._by_id() / job_id).exists():  # ASCII digits only
             raise NotFoundError(
                 f"no cluster job {job_id!r} submitted from here (deskpod jobs --cluster slurm lists them; "
                 f"jobs live in {self.root})"

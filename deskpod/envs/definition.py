@@ -51,6 +51,8 @@ KINDS = ("packages", "requirements", "lock", "pyproject", "image")
 """What defines the environment; a table has exactly one (``lock`` may come with ``pyproject``)."""
 FILE_FIELDS = ("requirements", "lock", "pyproject")
 MAX_FILE_BYTES = 1_000_000
+MAX_FILE_NAME = 4096
+"""Characters of a file-valued field's name (a path on the submitting side: PATH_MAX)."""
 MAX_PACKAGES = 1000
 MAX_REQUIREMENT_CHARS = 1000
 MAX_IMAGE_CHARS = 512
@@ -180,9 +182,9 @@ def parse_environment(table: object, *, base_dir: Path | None = None) -> EnvDefi
     unknown = sorted(str(k) for k in table if k not in FIELDS)
     if unknown:
         raise ConfigError(f"{PREFIX}{unknown[0]} is not a field; valid fields: {', '.join(FIELDS)}")
-    nulls = sorted(str(k) for k, v in table.items() if v is None)
-    if nulls:
-        raise ConfigError(f"{PREFIX}{nulls[0]} = null is not valid; leave the field out for its default")
+    for key, value in table.items():
+        if value is None:  # the schema takes no null: python left out is the daemon's own
+            raise ConfigError(f"{PREFIX}{key} = null is not valid; leave {key} out")
     given = [k for k in KINDS if k in table]
     if given == ["pyproject", "lock"] or given == ["lock", "pyproject"]:
         given = ["lock"]
@@ -294,13 +296,13 @@ def _file(key: str, v: object, base_dir: Path | None, *, why: str = "") -> EnvFi
         if set(v) != {"file", "text"} or not isinstance(v["file"], str) or not isinstance(v["text"], str):
             raise _bad(key, v, 'expected {"file": NAME, "text": CONTENTS} (both strings) or, in a TOML spec, a path')
         name, text = v["file"], v["text"]
-        if not 0 < len(name) <= 4096 or "\0" in name:
+        if not 0 < len(name) <= MAX_FILE_NAME or "\0" in name:
             raise _bad(f"{key}.file", name, "expected the file's name, e.g. requirements.txt")
         if len(text.encode()) > MAX_FILE_BYTES:
             raise ConfigError(f"{PREFIX}{key} {name!r} is over {MAX_FILE_BYTES // 1_000_000} MB; environments are"
                               " defined by requirement lists and locks, not data")  # fmt: skip
         return EnvFile(name, text)
-    if not isinstance(v, str) or not 0 < len(v) <= 4096 or "\0" in v:
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_FILE_NAME or "\0" in v:
         raise _bad(key, v, f'expected the path of the file, e.g. {key} = "{_example(key)}"')
     if base_dir is None:
         raise ConfigError(
@@ -482,7 +484,13 @@ ENVIRONMENT_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
                 "required": ["file", "text"],
                 "properties": {
-                    "file": {"type": "string", "minLength": 1, "maxLength": 4096, "example": _example(key)},
+                    "file": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": MAX_FILE_NAME,
+                        "pattern": "^[^\\u0000]*$",
+                        "example": _example(key),
+                    },
                     "text": {"type": "string", "description": f"the file's contents (at most {MAX_FILE_BYTES} bytes)"},
                 },
             }

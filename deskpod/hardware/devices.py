@@ -235,6 +235,12 @@ def cpu_inventory(env: Environment) -> Inventory:
     return Inventory("cpu", slots, env.cpu_count, "cpu")
 
 
+def _decimal(text: str) -> bool:
+    """ASCII digits, few enough for a device count or index: ``str.isdigit`` also takes ``"¹"`` (which ``int``
+    refuses) and ``"٣"`` (which it reads as 3), and ``int`` refuses more than 4,300 digits."""
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
+
+
 def parse_device_spec(spec: str | int | Sequence[int], available: int, kind: str = "cuda") -> list[int]:
     """Turn ``all``, ``N`` or ``0,2,3`` into device indices, or raise `DeviceError` naming what is valid."""
     what = "GPU" if kind == "cuda" else "CPU worker slot"
@@ -245,7 +251,7 @@ def parse_device_spec(spec: str | int | Sequence[int], available: int, kind: str
         text = spec.strip().lower()
         if text in ("all", ""):
             return list(range(available))
-        if "," not in text and text.isdigit():
+        if "," not in text and _decimal(text):
             n = int(text)
             if n < 1:
                 raise DeviceError(
@@ -255,7 +261,7 @@ def parse_device_spec(spec: str | int | Sequence[int], available: int, kind: str
                 raise DeviceError(f"--devices {spec!r}: asks for {n} devices but {have} (indices 0-{available - 1})")
             return list(range(n))
         parts = [p.strip() for p in text.split(",") if p.strip()]
-        if not parts or not all(p.isdigit() for p in parts):
+        if not parts or not all(_decimal(p) for p in parts):
             raise DeviceError(
                 f"--devices {spec!r}: not a device list; use 'all', a count like 2, or indices like 0,2,3"
             )

@@ -11,6 +11,7 @@ the OpenAPI document describes them, `parse_spec` enforces them.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from deskpod import __version__
 from deskpod.errors import (
@@ -43,6 +45,9 @@ from deskpod.jobs.store import User
 MAX_BODY = 4 << 20
 """Bytes; a spec is a few hundred, one carrying its environment's lock file up to a few MiB. Larger
 bodies get 413 before they are parsed."""
+MAX_DEPTH = 32
+"""Arrays and objects nested in a body at most; a spec nests six (a train table's arrays in tables). Deeper JSON
+is refused before anything walks it (the parser itself stops at Python's recursion limit, near 1,000)."""
 MAX_LOG_CHUNK = 1 << 20
 ERROR: dict[str, Any] = {
     "description": "the request was refused; `error` says why in one line",
@@ -73,6 +78,23 @@ LOG_HEADERS: dict[str, Any] = {
                          "schema": {"type": "string", "pattern": "^[0-9]+$"}},
     "X-Deskpod-State": {"required": True, "description": "the job's state", "schema": {"type": "string", "enum": STATES}},
 }  # fmt: skip
+
+
+JOB_OPERATIONS = (("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/log"), ("post", "/v1/jobs/{job_id}/cancel"),
+                  ("post", "/v1/jobs/{job_id}/requeue"))  # fmt: skip
+USER_OPERATIONS = (("post", "/v1/users/{name}/tokens"), ("post", "/v1/users/{name}/revoke"))
+
+
+def links(parameter: str, field: str, operations: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """OpenAPI links from an answer that made something to the operations on it: ``parameter`` of each is the
+    answer's ``field`` (a client, or a fuzzer, follows them from a new job to its log, cancel and requeue)."""
+    return {
+        f"{method}{path.replace('/', '_').replace('{', '').replace('}', '')}": {
+            "operationRef": f"#/paths/{path.replace('~', '~0').replace('/', '~1')}/{method}",
+            "parameters": {parameter: f"$response.body#/{field}"},
+        }
+        for method, path in operations
+    }
 
 
 def errors(*codes: int, **why: str) -> dict[int | str, dict[str, Any]]:
@@ -172,31 +194,26 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        headers = dict(e.headers or {})
-        if e.status_code == 405:  # Starlette names the first matching route's methods; say every one of the path's
-            headers["Allow"] = ", ".join(allowed_methods(app, request.scope))
+        headers = {**(e.headers or {}), **({"Allow": allowed_methods(request)} if e.status_code == 405 else {})}
         return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=headers)
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
 
-    async def json_body(request: Request) -> Any:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY:
-            raise TooLargeError(f"request body of {declared} bytes is over the limit of {MAX_BODY}")
+    async def json_body(request: Request, empty: Any = None) -> Any:
+        """The body as JSON (`parse_json`), or ``empty`` when there is none."""
+        declared = request.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > MAX_BODY):
+            raise TooLargeError(f"request body of {declared:.20} bytes is over the limit of {MAX_BODY}")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > MAX_BODY:
                 raise TooLargeError(f"request body is over the limit of {MAX_BODY} bytes")
             chunks.append(chunk)
-        try:
-            return json.loads(b"".join(chunks) or b"null")
-        except RecursionError:
-            raise ConfigError("request body is nested too deeply to read; a job spec is a few levels deep") from None
-        except ValueError as e:  # malformed JSON, bad UTF-8, or an integer of more digits than Python reads
-            raise ConfigError(f"request body is not valid JSON: {e}") from None
+        body = b"".join(chunks)
+        return parse_json(body) if body else empty
 
     def body_object(data: Any, fields: tuple[str, ...]) -> dict[str, Any]:
         if not isinstance(data, dict):
@@ -204,6 +221,9 @@ def create_app(
         unknown = sorted(set(data) - set(fields))
         if unknown:
             raise ConfigError(f"request body: unknown field {unknown[0]!r}; valid: {', '.join(fields)}")
+        null = next((k for k, v in data.items() if v is None), None)
+        if null is not None:  # no field takes null (the document says so): leave it out for its default
+            raise ConfigError(f"request body: {null} = null is not valid; leave {null} out for its default")
         return data
 
     spec_schema = SPEC_SCHEMA if pod.isolation is not None else spec_without_environment()
@@ -221,7 +241,10 @@ def create_app(
         "/v1/jobs",
         status_code=201,
         tags=["jobs"],
-        responses=errors(400, 403, 409, 413, s409=SUBMIT_CONFLICT),
+        responses={
+            201: {"description": "the job, queued", "links": links("job_id", "id", JOB_OPERATIONS)},
+            **errors(400, 403, 409, 413, s409=SUBMIT_CONFLICT),
+        },
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": spec_schema}}}},
     )
     async def submit(request: Request, user: Caller) -> dict[str, Any]:
@@ -315,7 +338,10 @@ def create_app(
         "/v1/users",
         status_code=201,
         tags=["users"],
-        responses=errors(400, 403, 409, 413, s409="the user exists already, or `os_user` names no account of this box"),
+        responses={
+            201: {"description": "the user and its first token", "links": links("name", "name", USER_OPERATIONS)},
+            **errors(400, 403, 409, 413, s409="the user exists already, or `os_user` names no account of this box"),
+        },
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": user_schema}}}},
     )
     async def add_user(request: Request, user: Caller) -> dict[str, Any]:
@@ -326,16 +352,15 @@ def create_app(
         admin = data.get("admin", False)
         if not isinstance(admin, bool):
             raise ConfigError(f"admin = {admin!r}: expected true or false")
-        if "os_user" in data and data["os_user"] is None:
-            raise ConfigError("os_user = null is not valid; leave it out for the account of the user's own name")
+        wanted = data.get("os_user")
+        if wanted is not None and (not isinstance(wanted, str) or not 0 < len(wanted) <= 64):
+            raise ConfigError(f"os_user = {wanted!r:.80}: expected the name of an OS account of this box, e.g. alice")
         os_user = None
         if pod.accounts is not None:
-            wanted = data.get("os_user")
-            well_formed = isinstance(wanted, str) and 0 < len(wanted) <= 64
             try:
                 os_user = pod.accounts.check_os_user(wanted)
             except ConfigError as e:  # a well-formed name this box has no account for: its state, not bad input
-                raise (ConflictError(str(e)) if well_formed else e) from None
+                raise ConflictError(str(e)) from None
         if not store.add_user(name, admin, os_user):
             raise ConflictError(f"user {name!r} exists already; make another token with POST /v1/users/{name}/tokens")
         made = {"name": name, "admin": admin, "token": auth.new_token(store, name)}
@@ -375,8 +400,7 @@ def create_app(
     async def shutdown(request: Request, user: Caller) -> dict[str, Any]:
         """Stop the daemon (admin only). ``{"stop_jobs": true}`` also stops and requeues running jobs."""
         auth.require_admin(user)
-        data = await json_body(request)
-        data = {} if data is None else body_object(data, ("stop_jobs",))
+        data = body_object(await json_body(request, empty={}), ("stop_jobs",))  # no body; not a body of null
         stop_jobs = data.get("stop_jobs", False)
         if not isinstance(stop_jobs, bool):
             raise ConfigError(f"stop_jobs = {stop_jobs!r}: expected true or false")
@@ -404,18 +428,49 @@ def create_app(
     return app
 
 
-def allowed_methods(app: FastAPI, scope: Any) -> list[str]:
-    """Every method some route of ``app`` takes at the request's path (for a 405's ``Allow``)."""
-    from starlette.routing import Match
-
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` header of a 405: every method that a route of the request's app takes at its path (Starlette
+    names only those of the first route it found there, e.g. ``POST`` for ``/v1/jobs``, which takes ``GET`` too)."""
     methods: set[str] = set()
-    for route in app.router.routes:
-        match, _ = route.matches({**scope, "method": "GET"})
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
         if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
-    if "GET" in methods:
-        methods.add("HEAD")
-    return sorted(methods)
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON, or `ConfigError` saying why not: malformed, nested deeper than `MAX_DEPTH`, or a
+    number of more digits than Python converts (``sys.get_int_max_str_digits``, 4,300)."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise ConfigError(f"request body: JSON nested too deeply; at most {MAX_DEPTH} arrays or objects") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"request body is not valid JSON: not UTF-8 ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"request body is not valid JSON: {e}") from None
+    except ValueError:  # int() refused a literal (the parser's only other ValueError)
+        raise ConfigError(
+            f"request body: a number has more than {sys.get_int_max_str_digits()} digits; no field takes one that long"
+        ) from None
+    if nesting(data) > MAX_DEPTH:
+        raise ConfigError(f"request body: JSON nested too deeply; at most {MAX_DEPTH} arrays or objects")
+    return data
+
+
+def nesting(data: Any) -> int:
+    """How deeply arrays and objects nest in decoded JSON (0 for a scalar), without recursion."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:  # deeper is refused anyway: the walk stops there
+                todo.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return deepest
 
 
 def spec_without_environment() -> dict[str, Any]:

@@ -38,7 +38,7 @@ from deskpod.jobs.isolation import Isolation, Prepared, box_environment
 from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
-from deskpod.jobs.store import JobRecord, Store, User
+from deskpod.jobs.store import JobRecord, Store, User, job_number
 
 S = JobState
 ACTIVE = (S.STARTING, S.BUILDING, S.RUNNING)
@@ -189,9 +189,10 @@ class Pod:
 
     def visible_job(self, user: User, job_id: str) -> JobRecord:
         """The job, if ``user`` may see it; another user's job looks like no job at all."""
-        job = self.store.job(int(job_id)) if job_id.isascii() and job_id.isdigit() and len(job_id) < 19 else None
+        number = job_number(job_id)
+        job = self.store.job(number) if number is not None else None
         if job is None or (job.user != user.name and not user.admin):
-            raise NotFoundError(f"no job {job_id!r} (job ids are numbers; `deskpod jobs` lists yours)")
+            raise NotFoundError(f"no job {job_id!r:.40} (job ids are numbers; `deskpod jobs` lists yours)")
         return job
 
     def cancel(self, user: User, job_id: str) -> JobRecord:

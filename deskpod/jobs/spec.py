@@ -144,16 +144,20 @@ class JobSpec:
         return "train" if self.train is not None else "serve" if self.serve is not None else "command"
 
     def to_json(self) -> dict[str, Any]:
+        """The canonical form, as the store keeps it and the API shows it: a spec `parse_spec` takes back unchanged
+        (a field that is not set is left out, never null: the parser, like the API's schema, refuses null)."""
         out: dict[str, Any] = {
             "name": self.name,
             "devices": self.devices,
             "placement": self.placement,
             "priority": self.priority,
-            "max_runtime": self.max_runtime,
             "retries": self.retries,
             "env": dict(self.env),
-            "workdir": self.workdir,
         }
+        if self.max_runtime is not None:
+            out["max_runtime"] = self.max_runtime
+        if self.workdir is not None:
+            out["workdir"] = self.workdir
         if self.nodes != 1:
             out["nodes"] = self.nodes
         if self.slurm:
@@ -169,16 +173,23 @@ class JobSpec:
         return out
 
 
-NULLABLE = ("max_runtime", "workdir")
-"""The fields a spec may give as null (no limit; the job's own folder), as `JobSpec.to_json` writes them."""
-
-
 def _no_nulls(table: Mapping[str, Any], prefix: str) -> None:
-    """Refuse a field given as null (JSON's ``null``): the document says what each field is, and null is none of
-    them; a field left out takes its default."""
-    for k, v in table.items():
-        if v is None:
-            raise ConfigError(f"job spec: {prefix}{k} = null is not valid; leave the field out for its default")
+    """Refuse a field given as null: no field of a spec takes one (the schema says so); a field left out gets its
+    default. (`stored_spec` reads specs stored when unset fields were written as null.)"""
+    for key, value in table.items():
+        if value is None:
+            raise ConfigError(f"job spec: {prefix}{key} = null is not valid; leave {prefix}{key} out for its default")
+
+
+def without_nulls(data: object) -> object:
+    """A spec stored before `JobSpec.to_json` left unset fields out (it wrote them as null), as `parse_spec` takes
+    it."""
+    if not isinstance(data, Mapping):
+        return data
+    out = {k: v for k, v in data.items() if v is not None}
+    if isinstance(out.get("slurm"), Mapping):
+        out["slurm"] = {k: v for k, v in out["slurm"].items() if v is not None}
+    return out
 
 
 def _bad(key: str, value: object, valid: str) -> ConfigError:
@@ -204,8 +215,9 @@ def _devices(v: object, device_count: int | None) -> int | str:
     v = _whole(v)
     if isinstance(v, str) and v.strip().lower() == "all":
         return "all" if device_count is None else device_count
-    if isinstance(v, str) and v.strip().isascii() and v.strip().isdigit():  # "²".isdigit() is True; int() refuses it
-        v = int(v.strip())
+    text = v.strip() if isinstance(v, str) else ""
+    if 0 < len(text) <= 9 and text.isascii() and text.isdigit():  # "²".isdigit() is True; int() refuses it
+        v = int(text)
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEVICES:
         raise _bad("devices", v, 'expected a count from 1 or "all", e.g. devices = 2')
     return v
@@ -224,7 +236,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     unknown = sorted(str(k) for k in data if k not in FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field {unknown[0]!r}; valid fields: {', '.join(FIELDS)}")
-    _no_nulls({k: v for k, v in data.items() if k not in NULLABLE}, "")
+    _no_nulls(data, "")
 
     given = [k for k in KINDS if k in data]
     if len(given) != 1:
@@ -334,6 +346,7 @@ def stored_spec(data: object) -> JobSpec:
     """A spec as the store keeps it, validated again. One that was accepted when it was stored but that today's
     rules refuse (a loader variable in its ``env``, an environment from a local path) is kept for listings
     without its ``env`` and ``environment``, with `JobSpec.refused` saying why: it never runs."""
+    data = without_nulls(data)
     try:
         return parse_spec(data)
     except ConfigError as e:
@@ -533,7 +546,7 @@ SPEC_SCHEMA: dict[str, Any] = {
         },
         "placement": {"type": "string", "pattern": r"^(best|pack|partition:[A-Za-z0-9_-]{1,64})$", "example": "best"},
         "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
-        "max_runtime": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S},
+        "max_runtime": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S},
         "retries": {"type": "integer", "minimum": 0, "maximum": MAX_RETRIES},
         "env": {
             "type": "object",
@@ -544,7 +557,7 @@ SPEC_SCHEMA: dict[str, Any] = {
             },
             "additionalProperties": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},
         },
-        "workdir": {**ABS_PATH, "type": ["string", "null"]},
+        "workdir": ABS_PATH,
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
         "environment": _env_schema(),
         "slurm": {

@@ -157,6 +157,20 @@ def _record(row: sqlite3.Row) -> JobRecord:
     )
 
 
+MAX_ID_DIGITS = 18
+"""A job id has at most this many digits (SQLite's INTEGER is 64-bit; 10**18 is below 2**63)."""
+
+
+def job_number(text: str) -> int | None:
+    """The job id a user wrote (a URL, a form, a CLI argument), or None when it is none.
+
+    Only ASCII digits: ``str.isdigit`` also accepts ``"¹"`` (which ``int`` refuses) and ``"٣"`` (which ``int`` reads
+    as 3), and the pod writes its ids as plain decimal numbers; a caller answers None with "no such job"."""
+    if 0 < len(text) <= MAX_ID_DIGITS and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 QueueRow = tuple[int, int, int, str, float | None, str]
 """A queued job for the scheduler: (id, priority, devices, placement, max_runtime, reason)."""
 QUEUE_COLUMNS = "id, priority, devices, placement, max_runtime, reason"
@@ -193,6 +207,10 @@ class Store:
             self._db.execute("ALTER TABLE users ADD COLUMN os_user TEXT")
         self.version = 0
         """Committed write transactions so far (in this process)."""
+        self.revocations = 0
+        """Revocations so far in this process: calls of `revoke` and `end_session`. A long-lived answer (the
+        dashboard's live stream) compares it with the count when its caller was checked, and checks again only
+        when it moved. Every revocation goes through the daemon's API, so this process sees them all."""
         self._touched: dict[int, int] = {}
         self._queued: dict[int, QueueRow] | None = None
         """The queued jobs as `queue` gives them, kept in step with this process's writes (see `queue`)."""
@@ -287,10 +305,12 @@ class Store:
 
     def revoke(self, user: str) -> int:
         """Delete every token and browser session of ``user``; returns how many tokens there were."""
-        with self._tx() as db:
-            n = db.execute("DELETE FROM tokens WHERE user = ?", (user,)).rowcount
-            db.execute("DELETE FROM sessions WHERE user = ?", (user,))
-            return int(n)
+        with self._lock:  # counted after the commit: a reader that sees the new count finds the rows gone
+            with self._tx() as db:
+                n = db.execute("DELETE FROM tokens WHERE user = ?", (user,)).rowcount
+                db.execute("DELETE FROM sessions WHERE user = ?", (user,))
+            self.revocations += 1
+        return int(n)
 
     def add_token_hash(self, user: str, token_hash: str) -> None:
         with self._tx() as db:
@@ -322,8 +342,10 @@ class Store:
         return None if r is None else (_user(r), str(r["csrf"]), float(r["expires"]))
 
     def end_session(self, session_hash: str) -> None:
-        with self._tx() as db:
-            db.execute("DELETE FROM sessions WHERE hash = ?", (session_hash,))
+        with self._lock:
+            with self._tx() as db:
+                db.execute("DELETE FROM sessions WHERE hash = ?", (session_hash,))
+            self.revocations += 1
 
     # jobs --------------------------------------------------------------------------------------
     def submit(self, user: str, spec: JobSpec, devices: int, now: float) -> JobRecord:

@@ -81,7 +81,7 @@ def read_layout(root: str | Path) -> Layout:
     subset_of: dict[str, int] = {}
     for folder in sorted(base.glob("subset*")):
         number = folder.name.removeprefix("subset")
-        if not folder.is_dir() or not number.isdigit():
+        if not folder.is_dir() or not (number.isascii() and number.isdigit()):
             continue
         for mhd in sorted(folder.glob("*.mhd")):
             scans[mhd.stem] = mhd

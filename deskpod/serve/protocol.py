@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,13 +108,48 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
     raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers, got {value!r}")
 
 
+MAX_DEPTH = 16
+"""Arrays and objects nested in a request's JSON, its tensors' ``data`` aside (numpy reads those, and refuses more
+than its 64 dimensions); a v2 request nests four. Deeper is refused before anything walks it (a repr, ``str`` of
+an ``id``), which Python would do by recursion."""
+
+
 def _loads(head: bytes) -> Any:
     """JSON as the standard library reads it, parsed by orjson (about 4x faster on a request's head); what orjson
-    refuses (NaN, integers past 64 bits, malformed text) goes to ``json.loads``, for its values and its messages."""
+    refuses (NaN, integers past 64 bits, malformed text) goes to ``json.loads``, for its values and its messages.
+    `ProtocolError` for JSON nested too deeply (orjson stops at 1,024, ``json`` at Python's recursion limit) and for
+    an integer of more digits than Python converts (4,300), which ``json`` refuses with advice for programmers."""
     try:
         return orjson.loads(head)
     except orjson.JSONDecodeError:
+        pass
+    try:
         return json.loads(head)
+    except RecursionError:
+        raise ProtocolError(f"request JSON is nested too deeply; at most {MAX_DEPTH} arrays or objects") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except ValueError:  # int() refused a literal: the parser's only other ValueError
+        limit = sys.get_int_max_str_digits()
+        raise ProtocolError(f"request JSON has a number of more than {limit} digits; no field takes one") from None
+
+
+def _nesting(doc: Any) -> int:
+    """How deeply arrays and objects nest in a request's JSON, leaving out each input's ``data``; walked without
+    recursion, and no deeper than `MAX_DEPTH` + 1."""
+    if isinstance(doc, dict) and isinstance(doc.get("inputs"), list):
+        specs = [{k: v for k, v in s.items() if k != "data"} if isinstance(s, dict) else s for s in doc["inputs"]]
+        doc = {**doc, "inputs": specs}
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_DEPTH:
+                todo.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
+    return deepest
 
 
 def decode_request(body: bytes, header_length: int | None) -> InferRequest:
@@ -125,6 +161,8 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         doc = _loads(head)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ProtocolError(f"request JSON is malformed: {e}") from None
+    if _nesting(doc) > MAX_DEPTH:
+        raise ProtocolError(f"request JSON is nested too deeply; at most {MAX_DEPTH} arrays or objects")
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError('request must be a JSON object with a non-empty "inputs" list')
     params = doc.get("parameters") or {}
@@ -174,7 +212,9 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
             try:
                 if datatype == "BYTES":
                     flat = np.asarray(data, dtype=object).reshape(-1)
-                    arr = np.array([s.encode() if isinstance(s, str) else bytes(s) for s in flat], dtype=object)
+                    if not all(isinstance(s, str) for s in flat):  # bytes(n) of a number n would allocate n bytes
+                        raise ValueError("BYTES elements in JSON are strings")
+                    arr = np.array([s.encode() for s in flat], dtype=object)
                 else:
                     arr = np.asarray(data, dtype=DTYPES[datatype]).reshape(-1)
             except (ValueError, TypeError, OverflowError) as e:

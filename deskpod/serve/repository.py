@@ -269,7 +269,7 @@ def write_config(model_dir: Path, config: ModelConfig) -> Path:
 
 def versions(model_dir: Path) -> list[int]:
     """The numbered version folders of a model, ascending."""
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit())
 
 
 def versions_to_load(model_dir: Path, config: ModelConfig) -> list[int]:

@@ -72,7 +72,7 @@ def prune(run_dir: Path, keep: int) -> None:
     if d.is_dir():
         for p in d.glob(".step-*.tmp-*"):
             pid = p.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isascii() and pid.isdigit() and len(pid) <= 9 and not _alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
 

@@ -266,7 +266,7 @@ class DataRequest:
 
 def parse_shape(text: str) -> tuple[int, int, int]:
     parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() and len(p) <= 9 and int(p) > 0 for p in parts):
         raise DataError(f"synthetic shape {text!r} is not valid: use CxHxW, e.g. synthetic:3x224x224")
     c, h, w = (int(p) for p in parts)
     return c, h, w

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deskpod.errors import DeskpodError
 from deskpod.jobs import auth
-from deskpod.jobs.api import status_of
+from deskpod.jobs.api import allowed_methods, status_of
 from deskpod.jobs.pod import Pod
 from deskpod.jobs.store import JobRecord, Store
 from deskpod.web import render
@@ -179,7 +179,10 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> Response:
         message = "no such page" if e.status_code == 404 else str(e.detail)
-        return await answer(request, e.status_code, message)
+        response = await answer(request, e.status_code, message)
+        if e.status_code == 405 and response.status_code == 405:
+            response.headers["Allow"] = allowed_methods(request)
+        return response
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception) -> Response:  # Starlette logs the traceback after this

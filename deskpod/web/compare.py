@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
 from deskpod.errors import ConfigError
-from deskpod.jobs.store import JobRecord
+from deskpod.jobs.store import JobRecord, job_number
 from deskpod.train.runs import RunPaths
 from deskpod.web import render, stream
 from deskpod.web.runinfo import display, read_summary, resolved_config
@@ -50,7 +50,7 @@ def parse_ids(text: str) -> list[str]:
     for part in text.replace(" ", ",").split(","):
         if not part:
             continue
-        if not (part.isascii() and part.isdigit()) or len(part) > 18:
+        if job_number(part) is None:
             raise ConfigError(
                 f"jobs={text!r}: {part!r} is not a job id; give job numbers separated by commas, e.g. jobs=3,5"
             )

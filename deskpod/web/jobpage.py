@@ -33,7 +33,7 @@ from deskpod.web.failures import failure
 from deskpod.web.joblist import progress
 from deskpod.web.runinfo import checkpoints, read_summary, resolved_config
 from deskpod.web.series import KINDS
-from deskpod.web.session import ROOT, Viewer, form_csrf, signed_out, viewer
+from deskpod.web.session import ROOT, SignedIn, Viewer, form_csrf, viewer
 from deskpod.web.terminal import TENSORBOARD_PORT, deskpod_line, event_folder, tensorboard_line
 
 Signed = Annotated[Viewer, Depends(viewer)]
@@ -132,11 +132,9 @@ def register(app: FastAPI, web: Any) -> None:
         # A reconnecting EventSource sends the id of the last event it got; the page's first connect
         # passes the cursor of the data it was rendered with.
         resume = request.headers.get("last-event-id") or cursor
-
-        async def gone() -> bool:  # the page was closed, or its user signed out or was revoked since
-            return await request.is_disconnected() or await signed_out(request)
-
-        events = stream.job_events(web, job, stream.Cursor.parse(resume), gone)
+        events = stream.job_events(
+            web, job, stream.Cursor.parse(resume), request.is_disconnected, signed_in=SignedIn(request, who)
+        )
         return StreamingResponse(
             events,
             media_type="text/event-stream",

@@ -333,7 +333,11 @@ def prediction(
     workers = int(layout["workers"])
     batch = int(values["batch_size"])
     steps = int(values["steps"] or 0)
-    epochs = steps * batch * workers / summary["train_size"] if steps else float(values["epochs"])
+    try:
+        epochs = steps * batch * workers / summary["train_size"] if steps else float(values["epochs"])
+    except OverflowError:  # a count of hundreds of digits (a field holds up to MAX_VALUE characters)
+        out["message"] = "No prediction: a run this long is past what a float can count."
+        return out
     home = Path(web.home).resolve()
     factors = None
     if machine is None:

@@ -115,7 +115,7 @@ def loopback_address(address: object) -> str | None:
     if not isinstance(address, str):
         return None
     host, _, port = address.partition(":")
-    if host != "127.0.0.1" or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+    if host != "127.0.0.1" or not (port.isascii() and port.isdigit() and len(port) <= 5) or not 0 < int(port) < 65536:
         return None
     return f"127.0.0.1:{int(port)}"
 
@@ -139,7 +139,7 @@ def fashion_run(run: str) -> bool:
     """Whether the run was trained on Fashion-MNIST (its resolved ``config.toml`` says so)."""
     try:
         config = tomllib.loads(read_path(RunPaths(Path(run)).config, limit=1 << 20).decode())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return config.get("data") == "fashion-mnist"
 
@@ -163,7 +163,7 @@ def metadata(web: Any, job: JobRecord, url: str, model: str, pid: object) -> tup
             error = str(doc.get("error") if isinstance(doc, dict) else r.status_code)
         else:
             got = doc
-    except (httpx.HTTPError, ValueError) as e:
+    except (httpx.HTTPError, ValueError, RecursionError) as e:  # the user's server: its JSON may be anything
         error = f"the server does not answer ({type(e).__name__})"
     if len(cache) > 256:
         cache.clear()
@@ -451,13 +451,18 @@ async def infer(url: str, model: str, meta: dict[str, Any], x: np.ndarray, input
         after = await _json_or_none(c, stats_url)
     if r.status_code != 200:
         try:
-            why = r.json().get("error", r.text)
-        except ValueError:
-            why = r.text[:200]
-        raise ConflictError(f"the deployment refused the request (HTTP {r.status_code}): {why}")
-    rhl = r.headers.get("inference-header-content-length")
-    got = decode_response(r.content, int(rhl) if rhl and rhl.isdigit() else None)
-    logits = got[out_name]
+            doc = r.json()
+        except (ValueError, RecursionError):  # the user's own server: its answer may be anything
+            doc = None
+        why = doc.get("error") if isinstance(doc, dict) else None
+        raise ConflictError(f"the deployment refused the request (HTTP {r.status_code}): "
+                            f"{why if isinstance(why, str) else r.text[:200]}")  # fmt: skip
+    rhl = r.headers.get("inference-header-content-length", "")
+    try:
+        got = decode_response(r.content, int(rhl) if rhl.isascii() and rhl.isdigit() and len(rhl) < 19 else None)
+        logits = got[out_name]
+    except (KeyError, TypeError, ValueError, IndexError, RecursionError) as e:
+        raise ConflictError(f"the deployment's answer is not a v2 inference response ({type(e).__name__})") from None
     labels = [str(x) for x in (meta.get("parameters") or {}).get("labels") or []]
     return {
         "top": top_k(logits[0], labels),
@@ -468,7 +473,7 @@ async def infer(url: str, model: str, meta: dict[str, Any], x: np.ndarray, input
 
 
 async def _json_or_none(c: httpx.AsyncClient, path: str) -> dict[str, Any] | None:
-    with contextlib.suppress(httpx.HTTPError, ValueError):
+    with contextlib.suppress(httpx.HTTPError, ValueError, RecursionError):
         r = await c.get(path)
         if r.status_code == 200:
             doc = r.json()
@@ -641,11 +646,9 @@ def register(app: FastAPI, web: Any) -> None:
     @app.post("/models/{job_id}/try")
     async def try_post(request: Request, job_id: str, who: Signed) -> Response:
         declared = request.headers.get("content-length", "")
-        if not (
-            declared.isascii() and declared.isdigit()
-        ):  # browsers send it; without it the size is known only after spooling it all
+        if not (declared.isascii() and declared.isdigit()):  # browsers send it; else the size is known after reading
             raise ConfigError("the upload must say its size (a Content-Length header); chunked uploads are refused")
-        if int(declared) > MAX_UPLOAD_BYTES + (64 << 10):  # the image, and room for the form around it
+        if len(declared) > 12 or int(declared) > MAX_UPLOAD_BYTES + (64 << 10):  # the image, and room for its form
             raise TooLargeError(f"the upload is over the limit of {MAX_UPLOAD_BYTES >> 20} MiB; choose a smaller image")
         fields = await form_csrf(request, who)
         job = serve_job(web, who, job_id)

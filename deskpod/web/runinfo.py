@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.envs.userfiles import read_path, scandir_path, stat_path
+from deskpod.jobs.api import MAX_DEPTH, nesting
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths, checkpoint_step
 from deskpod.web.render import TEMPLATES
@@ -53,7 +54,7 @@ def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
     if path is not None and stat_path(path) is not None:
         try:
             return _config("config.toml", flatten(tomllib.loads(read_path(path, limit=MAX_BYTES).decode())))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
             return {**_config("config.toml", {}), "error": f"cannot read config.toml: {e}"}
     return _config("the submitted spec (the run has not resolved it yet)", flatten(job.spec.train))
 
@@ -62,8 +63,15 @@ def _config(source: str, values: dict[str, Any]) -> dict[str, Any]:
     return {"source": source, "values": values, "items": [[k, display(values[k])] for k in sorted(values)]}
 
 
+SUMMARY_NUMBERS = frozenset({"test_accuracy", "test_loss", "throughput_images_per_s", "throughput_per_device",
+                             "train_time_s", "wall_time_s", "data_wait_fraction", "steps", "total_steps", "restarts"})  # fmt: skip
+"""Keys of ``summary.json`` that the pages compute with: anything but a number there is shown as none."""
+
+
 def read_summary(run: Path | None) -> dict[str, Any] | None:
-    """``summary.json`` of a run that finished (None before), with non-finite numbers as None."""
+    """``summary.json`` of a run that finished (None before). The job writes it, so it may hold anything: a
+    non-finite number, a `SUMMARY_NUMBERS` key that is no number, a ``state`` that is no text, or a value nested
+    deeper than the pages render is None."""
     if run is None:
         return None
     try:
@@ -72,7 +80,17 @@ def read_summary(run: Path | None) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in data.items()}
+    return {k: _summary_value(k, v) for k, v in data.items()}
+
+
+def _summary_value(key: str, v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if key == "state":
+        return v if isinstance(v, str) else None
+    if key in SUMMARY_NUMBERS:
+        return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return v if nesting(v) <= MAX_DEPTH else None
 
 
 def checkpoint_files(run: Path) -> list[tuple[int, str]]:

@@ -34,6 +34,17 @@ SKIP = frozenset({"kind"})
 _NUMBERS = (int, float, bool)  # compared by class (a bool is 0 or 1, as numpy reads it; "1.5" is text)
 
 
+def _float(v: Any) -> float:
+    """A record's value as a float: NaN for what is no number (a string, null, list) or too big for one
+    (an int of hundreds of digits)."""
+    if v.__class__ not in _NUMBERS:
+        return math.nan
+    try:
+        return float(v)
+    except OverflowError:
+        return math.nan
+
+
 @dataclass
 class Columns:
     """The records of one kind: every numeric key as a float64 column, NaN where a record lacks it.
@@ -57,7 +68,7 @@ class Columns:
             if arr.ndim == 1 and arr.dtype.kind in "fiub":
                 arr = arr.astype(np.float64, copy=False)
             else:  # a string, null or list somewhere: those entries are not numbers ("1.5" stays text)
-                arr = np.array([v if v.__class__ in _NUMBERS else nan for v in values], dtype=np.float64)
+                arr = np.array([_float(v) for v in values], dtype=np.float64)
             chunks = self.chunks.get(k)
             if chunks is None:
                 if np.isnan(arr).all():  # never a number (a string field): not a series
@@ -121,7 +132,9 @@ class Series:
             if cut:
                 by_kind: dict[str, list[dict[str, Any]]] = {}
                 for rec in _records(data[:cut]):
-                    by_kind.setdefault(str(rec.get("kind", "train")), []).append(rec)
+                    kind = rec.get("kind", "train")
+                    if isinstance(kind, str):  # not str() of whatever it is: a list 1,000 deep recurses
+                        by_kind.setdefault(kind, []).append(rec)
                 for kind, recs in by_kind.items():
                     self.columns.setdefault(kind, Columns()).extend(recs)
             return cut > 0
@@ -195,7 +208,7 @@ def _records(blob: bytes) -> list[dict[str, Any]]:
             except orjson.JSONDecodeError:
                 try:  # Python's json writes NaN and Infinity, which orjson refuses
                     rec = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                except (ValueError, RecursionError):  # also a number of 4,300+ digits, or nesting 1,000 deep
                     continue  # a torn line from a crash, or a foreign one: skipped like read_metrics does
             if isinstance(rec, dict):
                 out.append(rec)

@@ -14,6 +14,7 @@ in the form (double submit), so another site cannot sign a browser in as someone
 from __future__ import annotations
 
 import hmac
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from deskpod.errors import AccessError, AuthError
+from deskpod.errors import AccessError, AuthError, DeskpodError
 from deskpod.jobs import auth
 from deskpod.jobs.store import Store, User
 
@@ -50,6 +51,10 @@ class Viewer:
     """The session's CSRF token ('' for a bearer-token request, which needs none)."""
     session: str | None
     """The session id from the cookie; None for a bearer-token request."""
+    checked: int = 0
+    """The store's `Store.revocations` when this viewer was read: a long-lived answer looks again once it moved."""
+    expires: float = math.inf
+    """When the session ends (seconds since the epoch); a bearer token does not expire."""
 
     def owner_filter(self) -> str | None:
         """The ``user`` to filter jobs by: None for an admin (every job), else the user's own name."""
@@ -78,19 +83,22 @@ def _remembered(request: Request) -> Viewer | None:
         return None
     hit = _sessions(request).get(cookie)
     now = time.time()
-    if hit is not None and now < hit[2] and now - hit[3] < SESSION_CACHE_S:
-        return Viewer(hit[0], hit[1], cookie)
+    revocations = request.app.state.web.store.revocations
+    if hit is not None and now < hit[2] and now - hit[3] < SESSION_CACHE_S and hit[4] == revocations:
+        return Viewer(hit[0], hit[1], cookie, hit[4], hit[2])
     return None
 
 
-def _sessions(request: Request) -> dict[str, tuple[User, str, float, float]]:
-    """Sessions read lately: cookie -> (user, CSRF token, expiry, when read)."""
-    cache: dict[str, tuple[User, str, float, float]] = request.app.state.web.cache.setdefault("sessions", {})
+def _sessions(request: Request) -> dict[str, tuple[User, str, float, float, int]]:
+    """Sessions read lately: cookie -> (user, CSRF token, expiry, when read, `Store.revocations` before the read);
+    a revocation since the read makes the next request read the store again."""
+    cache: dict[str, tuple[User, str, float, float, int]] = request.app.state.web.cache.setdefault("sessions", {})
     return cache
 
 
 def _look_up(request: Request) -> Viewer:
     store: Store = request.app.state.web.store
+    revocations = store.revocations  # before the read: a revocation during it is seen as one after it
     cookie = request.cookies.get(COOKIE)
     if cookie:
         now = time.time()
@@ -99,25 +107,37 @@ def _look_up(request: Request) -> Viewer:
         if found is not None:
             if len(cache) > 10_000:
                 cache.clear()
-            cache[cookie] = (*found, now)
-            return Viewer(found[0], found[1], cookie)
+            cache[cookie] = (*found, now, revocations)
+            return Viewer(found[0], found[1], cookie, revocations, found[2])
         cache.pop(cookie, None)
     header = request.headers.get("authorization")
     if header:
-        return Viewer(auth.authenticate(store, header), "", None)
+        return Viewer(auth.authenticate(store, header), "", None, revocations)
     if cookie:
         raise SignInRequired("your session has expired; sign in again")
     raise SignInRequired("sign in with your pod token to see this page")
 
 
-async def signed_out(request: Request) -> bool:
-    """Whether the request's session or token signs nobody in any more (revoked, expired), read from the store,
-    not from `viewer`'s memory: a live answer (a job's event stream) ends then."""
-    try:
-        await run_in_threadpool(_look_up, request)
-    except (SignInRequired, AuthError):
-        return True
-    return False
+class SignedIn:
+    """Whether the viewer of a long-lived answer (the Job page's live stream) is still signed in.
+
+    Called on every tick of the stream, so it costs one integer compare and a clock read until the store records
+    a revocation (`Store.revocations`: a user revoked, a session signed out) or the session's expiry passes; then
+    it reads the store once, in a thread, as `viewer` would for a new request."""
+
+    def __init__(self, request: Request, who: Viewer) -> None:
+        self.request, self.who = request, who
+        self.checked, self.expires = who.checked, who.expires
+
+    async def __call__(self) -> bool:
+        if self.request.app.state.web.store.revocations == self.checked and time.time() < self.expires:
+            return True
+        try:
+            again = await run_in_threadpool(_look_up, self.request)
+        except DeskpodError:
+            return False
+        self.checked, self.expires = again.checked, again.expires
+        return again.user.name == self.who.user.name and again.session == self.who.session
 
 
 def forget_session(request: Request, session: str) -> None:

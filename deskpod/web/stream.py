@@ -23,8 +23,8 @@ Cheap enough for 50 tabs beside a busy scheduler: a connection polls at 4 Hz, an
 wrote to it (and then once for all connections, shared through ``web.cache``), metrics.jsonl is parsed
 only when its size changed, once for every reader (`web.series`), and big reads go to a thread. A
 comment line every 15 s keeps proxies from closing an idle stream. The generator ends within a
-tick once the daemon shuts down (``pod.stopping``), and within `DISCONNECT_CHECK_S` once the client goes away
-or its user is signed out or revoked (the caller's ``disconnected`` asks the store, not a cache).
+tick once the daemon shuts down (``pod.stopping``), the client goes away, or its viewer is revoked
+or signed out (`Store.revocations` moved and the viewer's session or token is gone).
 """
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ class Watch:
             if self.run is not None and now - run_checked >= RUN_CHECK_S:
                 run_checked, run_sig = now, runinfo.signature(self.run)
             stats = tuple((st.st_ino, st.st_size, st.st_mtime_ns) if (st := _stat(p)) else None for p in self.files)
-            sig = (self.web.store.touched(self.job_id), stats, run_sig)
+            sig = (self.web.store.touched(self.job_id), self.web.store.revocations, stats, run_sig)
             if sig != last:
                 last = sig
                 self._wake()
@@ -421,10 +421,13 @@ async def job_events(
     cursor: Cursor | None,
     disconnected: Callable[[], Awaitable[bool]],
     *,
+    signed_in: Callable[[], Awaitable[bool]] | None = None,
     poll_s: float = POLL_S,
     heartbeat_s: float = HEARTBEAT_S,
 ) -> AsyncIterator[str]:
-    """The event stream of one job for one client (see the module docstring)."""
+    """The event stream of one job for one client (see the module docstring). ``signed_in`` is asked before each
+    step (`deskpod.web.session.SignedIn`): the stream ends once its viewer is revoked or signed out, within a tick
+    of the revocation, which the job's poller turns into a wake-up (it watches `Store.revocations`)."""
     follower = Follower(web, job, cursor)
     watch = _watch(web, job, poll_s)
     watch.join()
@@ -434,6 +437,8 @@ async def job_events(
         last_sent = last_check = time.monotonic()
         while not stopping.is_set():
             seen = watch.generation
+            if signed_in is not None and not await signed_in():
+                return
             events = await follower.step()
             if events:
                 yield "".join(events)  # one write per wake-up, however many events

@@ -1,21 +1,27 @@
-"""Schemathesis fuzzes the pod service from its own OpenAPI document, with every check it has.
+"""Schemathesis fuzzes the pod service from its own OpenAPI document, with every check and every phase it has,
+as the admin and as an ordinary user, on a pod started by root with its default sandbox.
 
-``case.call_and_validate`` runs all of schemathesis' checks: no 5xx, every status code and content type
-documented, bodies and headers as documented, schema-valid requests accepted (2xx, or a state-dependent
-401/403/404/409), schema-invalid ones refused (negative cases, fewer), and the auth the document declares
-enforced. Generated specs can be valid, so the pod is
-kept full: a job holding every device at the top priority, with preemption off, so nothing generated ever
-runs. ``/v1/shutdown`` is left out.
+It runs as its command line does (``st run --checks all``): its examples, then the coverage phase (each field
+at its boundaries, null, empty, every method a path does not take), then fuzzing, then stateful sequences
+along the document's links (a new job to its log, cancel and requeue; a new user to its tokens and revoke).
+The checks: no 5xx, every status code, content type, header and body as documented, ``Allow`` on a 405 naming
+the path's methods, schema-valid requests accepted (2xx, or a state-dependent 401/403/404/409), schema-invalid
+ones refused, a missing or made-up token refused, nothing used after it was deleted. Generated specs can be
+valid, so the pod is kept full: a job holding every device at the top priority, with preemption off, so
+nothing generated ever runs. ``/v1/shutdown`` is left out.
 
 One part of the document is narrowed for generation: an environment given as a file (requirements, lock,
 pyproject) is valid only if the file's *text* is, which no schema can say (the document says so); the fuzzer
-generates the environments whose validity the document does state (packages, image).
+generates the environments whose validity the document does state (packages, image). The file names' own
+rules are tested in tests/jobs/test_requests.py.
 """
 
 from __future__ import annotations
 
 import copy
-import os
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,27 +31,36 @@ import pytest
 
 from deskpod.jobs.states import JobState
 from tests.jobs.pods import Pod, Pods, wait_for
+from tests.unix_users import make_users
 
 schemathesis = pytest.importorskip("schemathesis")
-hypothesis = pytest.importorskip("hypothesis")
 jsonschema_rs = pytest.importorskip("jsonschema_rs")
 
+EXAMPLES = 15
+"""Cases per operation and phase; about 1,000 requests in all for each caller."""
+USER = "fuzzer"
+
 
 @pytest.fixture(scope="module")
-def full_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+def full_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pod, str]]:
+    """The pod, full, and the token of an ordinary user whose jobs run as an OS account of their own."""
     pods = Pods(tmp_path_factory.mktemp("fuzz"))
-    pod = pods("--no-preemption", sandbox=True)  # as the box's users meet it: a root pod with its sandbox
-    c = pod.client()
-    n = len(c.status()["devices"])
-    blocker = c.submit({"name": "blocker", "command": ["sleep", "600"], "devices": n, "priority": 1000})
-    wait_for(lambda: c.job(blocker["id"])["state"] == "running", 30, "the blocker to run")
-    yield pod
-    pods.stop_all()
+    with make_users("fuzz") as (account,):
+        try:
+            pod = pods("--no-preemption", sandbox=True)
+            c = pod.client()
+            n = len(c.status()["devices"])
+            blocker = c.submit({"name": "blocker", "command": ["sleep", "600"], "devices": n, "priority": 1000})
+            wait_for(lambda: c.job(blocker["id"])["state"] == "running", 60, "the blocker to run")
+            token = str(c.add_user(USER, os_user=account.name)["token"])
+            yield pod, token
+        finally:
+            pods.stop_all()
 
 
 @pytest.fixture(scope="module")
-def document(full_pod: Pod) -> dict[str, Any]:
-    raw = httpx.get(f"{full_pod.url}/openapi.json", timeout=30).json()
+def document(full_pod: tuple[Pod, str]) -> dict[str, Any]:
+    raw = httpx.get(f"{full_pod[0].url}/openapi.json", timeout=30).json()
     assert isinstance(raw, dict)
     return raw
 
@@ -65,52 +80,47 @@ def for_generation(document: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def fuzz(op: Any, mode: Any, examples: int, pod: Pod, statuses: list[int], token: str) -> None:
-    """Run ``examples`` cases of ``op`` in generation ``mode`` with every check, as ``token``'s user; each status
-    goes to ``statuses``."""
-    headers = {"Authorization": f"Bearer {token}"}
+def schemathesis_run(pod: Pod, token: str, document: dict[str, Any], folder: Path) -> tuple[dict[str, Any], str]:
+    """``st run --checks all`` with every phase against ``pod`` as ``token``'s user: its JSON report and its output."""
+    folder.mkdir()
+    (folder / "openapi.json").write_text(json.dumps(for_generation(document)))
+    argv = [sys.executable, "-m", "schemathesis.cli", "run", "openapi.json", "--url", pod.url,
+            "--checks", "all", "--phases", "examples,coverage,fuzzing,stateful", "--max-examples", str(EXAMPLES),
+            "--seed", "30", "--workers", "1", "--exclude-path", "/v1/shutdown", "--header",
+            f"Authorization: Bearer {token}", "--continue-on-failure", "--generation-database", "none",
+            "--request-timeout", "60", "--report", "json", "--report-json-path", "report.json", "--no-color"]  # fmt: skip
+    done = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=1500)
+    output = done.stdout + done.stderr
+    report = json.loads((folder / "report.json").read_text())
+    assert isinstance(report, dict), output[-4000:]
+    return report, output
 
-    @hypothesis.settings(
-        max_examples=examples,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=list(hypothesis.HealthCheck),
-        database=None,
+
+@pytest.mark.parametrize("caller", ["admin", "user"])
+def test_every_check_passes_on_every_operation(
+    full_pod: tuple[Pod, str], document: dict[str, Any], caller: str, tmp_path: Path
+) -> None:
+    pod, user_token = full_pod
+    report, output = schemathesis_run(pod, pod.token if caller == "admin" else user_token, document, tmp_path / "st")
+    assert report["exit_code"] == 0 and report["failures"] == [] and report["errors"] == [], output[-6000:]
+    assert report["complete"] and report["operations"]["tested"] == report["operations"]["selected"] >= 13
+    assert {name: p["status"] for name, p in report["phases"].items()} == dict.fromkeys(
+        ("examples", "coverage", "fuzzing", "stateful"), "success"
     )
-    @hypothesis.given(case=op.as_strategy(generation_mode=mode))
-    def call(case: Any) -> None:
-        response = case.call_and_validate(base_url=pod.url, headers=headers)
-        statuses.append(response.status_code)
-        if response.status_code >= 400:
-            assert isinstance(response.json().get("error"), str), response.text
-
-    call()
+    assert report["test_cases"]["generated"] >= 40 * report["operations"]["tested"]
+    submitted = report["valid_rates"]["POST /v1/jobs"]
+    assert sum(phase["accepted"] for phase in submitted.values()) > 0  # generated specs reached the queue
+    made = report["valid_rates"].get("POST /v1/users", {})
+    accepted_users = sum(phase["accepted"] for phase in made.values())
+    assert accepted_users > 0 if caller == "admin" else accepted_users == 0  # only an admin adds users
 
 
-@pytest.mark.parametrize("who", ["admin", "user"])
-def test_every_check_passes_on_every_operation(full_pod: Pod, document: dict[str, Any], who: str) -> None:
-    """With the admin's token, and with an ordinary user's (whose admin-only calls must be refused as documented)."""
-    token = full_pod.token if who == "admin" else str(full_pod.client().add_user(f"fuzzer-{os.getpid()}")["token"])
-    schema = schemathesis.openapi.from_dict(for_generation(document)).exclude(path="/v1/shutdown")
-    operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 10
-    positive: list[int] = []
-    negative: list[int] = []
-    for op in operations:
-        fuzz(op, schemathesis.GenerationMode.POSITIVE, 15, full_pod, positive, token)
-        if op.path != "/health":  # no parameter, body or token to make invalid: Hypothesis finds no negative case
-            fuzz(op, schemathesis.GenerationMode.NEGATIVE, 6, full_pod, negative, token)
-
-    assert len(positive) >= 5 * len(operations)
-    assert any(s < 300 for s in positive) and any(400 <= s < 500 for s in positive)
-    assert sum(400 <= s < 500 for s in negative) >= 2 * len(operations)  # invalid requests were refused
-
-
-def test_nothing_generated_ever_ran(full_pod: Pod) -> None:
-    jobs = full_pod.client().jobs(limit=100000)
+def test_nothing_generated_ever_ran(full_pod: tuple[Pod, str]) -> None:
+    jobs = full_pod[0].client().jobs(limit=100000)
     ran = [j for j in jobs if j["name"] != "blocker" and j["state"] not in ("queued", "cancelled")]
     assert ran == [], ran[:3]
-    assert Path(full_pod.home / "jobs").is_dir()
+    assert {j["user"] for j in jobs} >= {"admin", USER}  # both callers' specs were queued
+    assert Path(full_pod[0].home / "jobs").is_dir()
 
 
 def test_the_document_lists_what_the_fuzzer_found(document: dict[str, Any]) -> None:
@@ -133,11 +143,15 @@ def test_the_document_lists_what_the_fuzzer_found(document: dict[str, Any]) -> N
     assert valid({"command": ["x"]}) and valid({"train": {}}) and valid({"serve": {"run": "/r"}})
     assert set(paths) <= {p for p in paths if p.startswith(("/v1/", "/health", "/metrics"))}  # no dashboard pages
     assert "HTTPBearer" in document["components"]["securitySchemes"]
+    env = spec_schema(document)["properties"]["environment"]["properties"]
+    assert all(env[k]["properties"]["file"]["minLength"] == 1 for k in ("requirements", "lock", "pyproject"))
+    follow = paths["/v1/jobs"]["post"]["responses"]["201"]["links"]  # what the stateful phase follows
+    assert {link["parameters"]["job_id"] for link in follow.values()} == {"$response.body#/id"} and len(follow) == 4
 
 
-def test_duplicate_user_is_a_conflict_and_empty_state_is_refused_as_documented(full_pod: Pod) -> None:
-    headers = {"Authorization": f"Bearer {full_pod.token}"}
-    with httpx.Client(base_url=full_pod.url, headers=headers, timeout=30) as c:
+def test_duplicate_user_is_a_conflict_and_empty_state_is_refused_as_documented(full_pod: tuple[Pod, str]) -> None:
+    pod = full_pod[0]
+    with httpx.Client(base_url=pod.url, headers={"Authorization": f"Bearer {pod.token}"}, timeout=30) as c:
         assert c.post("/v1/users", json={"name": "dup"}).status_code == 201
         again = c.post("/v1/users", json={"name": "dup"})
         assert again.status_code == 409 and "exists already" in again.json()["error"]
@@ -149,25 +163,3 @@ def test_duplicate_user_is_a_conflict_and_empty_state_is_refused_as_documented(f
         assert never_fits.status_code == 409 and "never fit" in never_fits.json()["error"]
         whole = c.post("/v1/jobs", json={"command": ["true"], "retries": 2.0, "name": "whole-float"})
         assert whole.status_code == 201 and whole.json()["retries"] == 2
-
-
-def test_bad_bodies_and_ids_are_refused_not_failed(full_pod: Pod) -> None:
-    """What schemathesis and the outside checks found answering 500 or against the document."""
-    headers = {"Authorization": f"Bearer {full_pod.token}", "Content-Type": "application/json"}
-    with httpx.Client(base_url=full_pod.url, headers=headers, timeout=30) as c:
-        deep = c.post("/v1/jobs", content=b"[" * 1000 + b"]" * 1000)
-        assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]
-        huge = c.post("/v1/jobs", content=b'{"command": ["x"], "priority": ' + b"9" * 5000 + b"}")
-        assert huge.status_code == 400 and "not valid JSON" in huge.json()["error"]
-        for path in ("/v1/jobs/\u00b9", "/v1/jobs/\u0661\u0662", "/v1/jobs/\u00b9/log", "/ui/jobs/\u00b9"):
-            got = c.get(path)
-            assert got.status_code == 404, (path, got.status_code, got.text[:200])
-        wrong = c.delete("/v1/jobs")
-        assert wrong.status_code == 405 and set(wrong.headers["allow"].split(", ")) >= {"GET", "POST"}
-        null = c.post("/v1/users", json={"name": "nulluser", "os_user": None})
-        assert null.status_code == 400 and "os_user = null" in null.json()["error"]
-        cache = c.post("/v1/jobs", json={"command": ["true"], "slurm": {"env_cache": None}})
-        assert cache.status_code == 400 and "slurm.env_cache = null" in cache.json()["error"]
-        empty = c.post("/v1/jobs", json={"command": ["true"], "environment": {
-            "requirements": {"file": "", "text": "six\n"}}})  # fmt: skip
-        assert empty.status_code == 400 and "requirements.file" in empty.json()["error"]

@@ -157,6 +157,31 @@ def _body(x: np.ndarray, name: str = "input", datatype: str = "FP32") -> bytes:
         ("/v2/models/mlp/versions/7/infer", _body(np.zeros((1, 2, 4, 4))), {}, 404, "no version '7'"),
         ("/v2/models/broken/infer", _body(np.zeros((1, 2, 4, 4))), {}, 503, "failed to load"),
         ("/v2/nothing", b"", {}, 404, "no endpoint"),
+        # Issue 30: JSON nested 1,000 or 5,000 deep (past orjson's limit, then Python's recursion limit), an id
+        # whose str() would recurse, and a number past Python's 4,300-digit limit answered 500.
+        ("/v2/models/mlp/infer", b'{"inputs": ' + b"[" * 1000 + b"]" * 1000 + b"}", {}, 400, "nested too deeply"),
+        ("/v2/models/mlp/infer", b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", {}, 400, "nested too deeply"),
+        (
+            "/v2/models/mlp/infer",
+            b'{"id": ' + b"[" * 1000 + b"]" * 1000 + b', "inputs": [1]}',
+            {},
+            400,
+            "nested too deeply",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            b'{"inputs": [{"name": "input", "shape": [' + b"1" * 5000 + b"]}]}",
+            {},
+            400,
+            "more than 4300 digits",
+        ),
+        (
+            "/v2/models/mlp/infer",
+            b'{"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES", "data": [1000000000]}]}',
+            {},
+            400,
+            "BYTES elements in JSON are strings",
+        ),
     ],
 )
 def test_bad_input_gets_4xx_and_the_server_keeps_serving(

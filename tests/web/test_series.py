@@ -62,6 +62,22 @@ def test_a_bad_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     assert s.points("train", "loss") == [[1.0, 2.0], [2.0, 1.0]]
 
 
+def test_a_line_python_cannot_read_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """The job writes the file: a number of 5,000 digits (json refuses it), one of 4,000 (no float holds it) and a
+    kind nested 1,000 deep (str() of it recurses) raised out of the reader and made the Job page answer 500."""
+    path = tmp_path / "metrics.jsonl"
+    rows(path, [train(1, 2.0)])
+    with open(path, "a") as f:
+        f.write('{"kind": "train", "step": 2, "loss": ' + "1" * 5000 + "}\n")
+        f.write('{"kind": "train", "step": 3, "loss": ' + "9" * 4000 + "}\n")
+        f.write('{"kind": ' + "[" * 1000 + "]" * 1000 + ', "step": 4, "loss": 0.5}\n')
+    rows(path, [train(5, 1.0)])
+    s = Series(path)
+    assert s.refresh() is True
+    assert s.points("train", "loss") == [[1.0, 2.0], [5.0, 1.0]]  # the 4,000 digits are no loss
+    assert s.rows("train") == 3
+
+
 def test_rewrite_is_noticed_and_read_afresh(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     rows(path, [train(i, 1.0 / i) for i in range(1, 11)])
