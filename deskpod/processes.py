@@ -1,4 +1,11 @@
-"""Stopping child processes the way every part of deskpod does: wait, then SIGTERM, then SIGKILL."""
+"""Processes as every part of deskpod handles them: known by pid *and* start time, stopped by waiting, then SIGTERM,
+then SIGKILL.
+
+A pid alone does not name a process: once it ends, the kernel gives its pid to another. So a process deskpod
+started is remembered as (pid, start time) and is alive only while a process with that pid *and* that start time
+runs (`alive`). The start time is in clock ticks since boot (psutil's create time less the boot time): no change
+to the wall clock moves it, and it is an integer that a database or a JSON file keeps exactly.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,10 @@ import time
 from collections.abc import Iterable
 from multiprocessing.process import BaseProcess
 from typing import NoReturn
+
+import psutil
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def stop_processes(procs: Iterable[BaseProcess], deadline: float, *, min_wait: float = 0.1, max_wait: float = 10.0,
@@ -26,20 +37,34 @@ def stop_processes(procs: Iterable[BaseProcess], deadline: float, *, min_wait: f
                 p.join()
 
 
-def child_pids(pid: int) -> list[int]:
-    """The live direct children of ``pid`` (Linux: from ``/proc/<pid>/task/*/children``)."""
-    out: list[int] = []
+def start_time(pid: int, *, zombies: bool = False) -> int | None:
+    """The process's start time in clock ticks since boot, or None if no such live process.
+
+    A zombie has finished (only its exit status is left), so it counts as gone unless ``zombies``.
+    """
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(p) for p in f.read().split()]
-        except OSError:
-            continue
-    return sorted(set(out))
+        boot = psutil.boot_time()  # first: psutil 5.9 computes create_time with the boot time last read
+        p = psutil.Process(pid)
+        if not zombies and p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return None
+        return round((p.create_time() - boot) * CLOCK_TICKS)
+    except (psutil.Error, ValueError):  # gone, or not a pid at all (0, negative)
+        return None
+
+
+def alive(pid: int, started: int | None) -> bool:
+    """Whether the process started as ``pid`` at ``started`` (`start_time`) still runs, not another process that
+    was given its pid since; with ``started`` None, whether any live process has the pid."""
+    now = start_time(pid)
+    return now is not None and (started is None or now == started)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live direct children of ``pid``."""
+    try:
+        return sorted(c.pid for c in psutil.Process(pid).children())
+    except (psutil.Error, ValueError):
+        return []
 
 
 def die_with_parent() -> None:

@@ -1,13 +1,16 @@
-"""How deskpod's workers end: ``exit_without_finalizing`` does what the end of a script does, then skips the rest."""
+"""`deskpod.processes`: a process known by pid and start time (a reused pid is another process), its children, and
+how deskpod's workers end (``exit_without_finalizing`` does what the end of a script does, then skips the rest)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from deskpod.processes import alive, child_pids, start_time
 from deskpod.train.script_worker import _exit_status
 
 SCRIPT = """
@@ -48,3 +51,34 @@ def test_a_scripts_sys_exit_gives_the_status_python_would(
 ) -> None:
     assert _exit_status(code) == status
     assert capsys.readouterr().err == ("stopped: bad input\n" if isinstance(code, str) else "")
+
+
+def test_the_start_time_is_the_kernels_clock_ticks_since_boot() -> None:
+    """What pods started by earlier versions stored for their jobs (``/proc/<pid>/stat``, field 22): a daemon that
+    re-adopts them after an upgrade compares the same numbers."""
+    for pid in (os.getpid(), 1):
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+        assert start_time(pid) == int(text[text.rindex(")") + 2 :].split()[19])
+
+
+def test_a_process_is_alive_only_with_its_own_start_time() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    started = start_time(child.pid)
+    assert started is not None
+    assert alive(child.pid, started) and alive(child.pid, None)
+    assert not alive(child.pid, started - 1), "another process given this pid is not the one started"
+    assert child.pid in child_pids(os.getpid())
+    assert child.stdin is not None
+    child.stdin.close()
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # until it has exited, leaving it unreaped (a zombie)
+    assert not alive(child.pid, started), "an exited, unreaped child has finished"
+    assert start_time(child.pid, zombies=True) == started
+    child.wait()
+    assert not alive(child.pid, started) and start_time(child.pid, zombies=True) is None
+    assert child.pid not in child_pids(os.getpid())
+
+
+@pytest.mark.parametrize("pid", [0, -1, 2**22 + 1, 2**40])
+def test_what_is_no_process_has_no_start_time(pid: int) -> None:
+    assert start_time(pid) is None and not alive(pid, None) and child_pids(pid) == []

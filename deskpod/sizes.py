@@ -1,0 +1,19 @@
+"""Sizes as people write them: ``20G``, ``512M``, ``1.5T``, ``4096``; K, M, G and T are powers of 1024."""
+
+from __future__ import annotations
+
+import re
+
+from deskpod.errors import ConfigError
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE | re.ASCII)
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """Bytes in ``text``: a number, then K, M, G or T (an optional ``B`` or ``iB`` after it: ``2GiB``, ``1tb``).
+    `ConfigError` naming ``what`` (the flag or field it came from) and the text when it is not a size."""
+    m = _SIZE.fullmatch(text)
+    if not m:
+        raise ConfigError(f"{what} {text!r}: not a size; use a number with K, M, G or T, e.g. 500M or 20G")
+    return int(float(m.group(1)) * UNITS[m.group(2).upper()])

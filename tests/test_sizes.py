@@ -1,0 +1,24 @@
+"""`deskpod.sizes.parse_size`: the one reader of ``20G`` and ``512M`` (the env cache, job limits, bench comm)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deskpod.errors import ConfigError
+from deskpod.sizes import parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4096", 4096), ("64K", 1 << 16), ("500M", 500 << 20), ("20G", 20 << 30), ("1tb", 1 << 40), ("2GiB", 2 << 30),
+     ("1.5k", 1536), (" 16 G ", 16 << 30)],
+)  # fmt: skip
+def test_a_size_is_bytes_in_powers_of_1024(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["20X", "lots", "", "G", "-1G", "1.G", "٣G", "²M", "1e3"])
+def test_what_is_not_a_size_is_refused_naming_the_value_and_what_is_valid(text: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_size(text, "--max-size")
+    assert str(e.value) == f"--max-size {text!r}: not a size; use a number with K, M, G or T, e.g. 500M or 20G"
