@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,17 +40,12 @@ from typing import Any
 from docs_section import replace_subsection
 
 from deskpod.jobs.client import PodClient
+from deskpod.network import free_port
 
 INTRO = "The pod service (`deskpod/jobs/`): scheduler and submission figures."
 SECTION = "## Pod service"
 SUB = "### Submit to running, and concurrent submissions (bench_submit.py)"
 PROBE = "import time, sys; open(sys.argv[1], 'w').write(repr(time.time()))"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_daemon(home: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, str]:

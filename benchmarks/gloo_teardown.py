@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from deskpod.network import free_port
 
 SCRIPT = """
 import sys, torch, torch.distributed as dist
@@ -39,12 +40,6 @@ if sys.argv[1] == "deskpod":
     from deskpod.processes import exit_without_finalizing
     exit_without_finalizing(0)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def trial(script: Path, ending: str) -> list[int]:

@@ -29,7 +29,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from deskpod.network import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TRITON_HOME = Path("/tmp/deskpod-triton")
@@ -158,12 +159,6 @@ def triton_env() -> tuple[Path, dict[str, str]]:
     env["LD_LIBRARY_PATH"] = f"{site / 'nvidia_pytriton.libs'}:{libpython}:{env.get('LD_LIBRARY_PATH', '')}"
     env["PYTHONPATH"] = str(site)
     return ts / "bin" / "tritonserver", env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 180) -> None:

@@ -27,13 +27,14 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: igno
 def run_bench_comm(args: argparse.Namespace) -> int:
     import json
 
-    from deskpod.comm.bench import CommBenchConfig, format_table, parse_size, run_comm_bench
+    from deskpod.comm.bench import CommBenchConfig, format_table, run_comm_bench
     from deskpod.comm.collectives import parse_collectives
     from deskpod.errors import RunError
+    from deskpod.sizes import parse_size
 
     config = CommBenchConfig(
-        collectives=parse_collectives(args.collectives), min_bytes=parse_size(args.min_bytes),
-        max_bytes=parse_size(args.max_bytes), step_factor=args.step_factor, iters=args.iters,
+        collectives=parse_collectives(args.collectives), min_bytes=parse_size(args.min_bytes, "--min-bytes"),
+        max_bytes=parse_size(args.max_bytes, "--max-bytes"), step_factor=args.step_factor, iters=args.iters,
         warmup=args.warmup, devices=args.devices, backend=args.backend, dtype=args.dtype, threads=args.threads,
     )  # fmt: skip
     result = run_comm_bench(config, log=None if args.json else print)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 from collections.abc import Coroutine
 from pathlib import Path
@@ -149,6 +148,7 @@ def export_if_new(run: Path, options: Any) -> tuple[Path, bool]:
     """Export ``run``'s latest checkpoint as a new version of ``options.name``, unless the model's latest version
     came from the same checkpoint file with the same options; returns (the version folder, whether it exported)."""
     from deskpod.errors import UsageError
+    from deskpod.files import write_json
     from deskpod.serve.export import export_run
     from deskpod.serve.repository import versions
     from deskpod.train.runs import checkpoint_step, list_checkpoints
@@ -175,9 +175,7 @@ def export_if_new(run: Path, options: Any) -> tuple[Path, bool]:
         if _read_source(last) == source:
             return last, False
     version = export_run(run, options)
-    tmp = version / f".{SOURCE_FILE}.tmp"
-    tmp.write_text(json.dumps(source, indent=1) + "\n")
-    os.replace(tmp, version / SOURCE_FILE)
+    write_json(version / SOURCE_FILE, source, indent=1)
     return version, True
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from deskpod.cluster import slurm
 from deskpod.cluster.batch import REQUEUE_EXIT_CODE, JobFiles, read_attempts, slurm_options
+from deskpod.files import write_json
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
 
@@ -48,9 +49,7 @@ def budget(spec: JobSpec, cause: str) -> int:
 
 
 def _write(files: JobFiles, attempts: list[dict[str, Any]]) -> None:
-    tmp = files.attempts.with_name(f".attempts.{os.getpid()}")
-    tmp.write_text(json.dumps(attempts, indent=2))
-    os.replace(tmp, files.attempts)
+    write_json(files.attempts, attempts, indent=2)
 
 
 def stopped_by_warning(files: JobFiles, spec: JobSpec, since: float) -> bool:

@@ -20,6 +20,7 @@ from deskpod.cluster import slurm
 from deskpod.cluster.batch import JobFiles, read_attempts, submit
 from deskpod.environment import Environment
 from deskpod.errors import NotFoundError
+from deskpod.files import write_json
 from deskpod.jobs.joblog import read_log
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.states import FINAL, JobState
@@ -79,9 +80,7 @@ class SlurmClient:
             snap = {"state": seen.deskpod_state.value, "reason": seen.describe(), "exit_code": seen.exit_code,
                     "nodes": seen.nodes, "restarts": seen.restarts, "slurm_state": seen.state}  # fmt: skip
             if seen.deskpod_state in FINAL:
-                tmp = final.with_name(f".final.{os.getpid()}")
-                tmp.write_text(json.dumps(snap))
-                os.replace(tmp, final)
+                write_json(final, snap)
         attempts = read_attempts(files)
         return {
             "id": job_id, "user": seen.user if seen else os.environ.get("USER", ""), "name": spec.name,

@@ -63,7 +63,8 @@ from typing import Any
 
 from deskpod.environment import Environment
 from deskpod.errors import ConfigError, DataError, RunError
-from deskpod.jobs.supervisor import alive, start_time
+from deskpod.files import write_text
+from deskpod.processes import alive, start_time
 
 FORMAT = 1
 ALGORITHM = "sha256"
@@ -633,10 +634,7 @@ def _repair(root: Path, tree: _Tree) -> tuple[str, ...]:
 
 # --------------------------------------------------------------------------- small helpers
 def _write_json(path: Path, obj: Any) -> None:
-    """Write JSON beside its final name, then rename: a reader sees all of it or nothing."""
-    part = path.with_name(f".{path.name}.{os.getpid()}")
-    part.write_text(json.dumps(obj, separators=(",", ":")))
-    os.replace(part, path)
+    write_text(path, json.dumps(obj, separators=(",", ":")))
 
 
 def _read_json(path: Path) -> Any:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import re
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,23 +30,13 @@ from typing import Any, Literal
 
 from deskpod.comm.collectives import COLLECTIVES, CollectiveName, bus_factor, element_count
 from deskpod.errors import RunError, UsageError
+from deskpod.network import free_port
 from deskpod.processes import stop_processes
 
 Backend = Literal["auto", "gloo", "nccl"]
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_BYTES_LIMIT = 1 << 30
 """1 GiB: the top of nccl-tests' usual sweep and of ours."""
-_SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*$")
-
-
-def parse_size(text: str | int) -> int:
-    """``8``, ``64K``, ``4M``, ``1G`` (binary multiples) → bytes."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(text)
-    if not m:
-        raise UsageError(f"bad size {text!r}; write bytes like 8, 64K, 4M or 1G")
-    return int(m.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[m.group(2).lower()]
 
 
 def format_size(n: int) -> str:
@@ -128,12 +116,6 @@ def resolve(config: CommBenchConfig) -> tuple[str, str, int, int]:
     cores = Environment.read().cpu_count
     threads = config.threads or max(1, cores // world)
     return "gloo", "cpu", world, threads
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def worker_sweep(
@@ -239,7 +221,7 @@ def spawn_workers(
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=target, args=(r, world, port, *args, results), daemon=True) for r in range(world)]
     for p in procs:
         p.start()

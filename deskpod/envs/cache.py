@@ -71,6 +71,8 @@ from deskpod.envs.index import PackageSources, package_sources
 from deskpod.envs.python import Interpreter, resolve_python
 from deskpod.envs.userfiles import RefusedFile, check_owned, open_beneath, read_beneath, scandir_beneath, stat_beneath
 from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, RunError, UsageError
+from deskpod.files import write_text
+from deskpod.sizes import UNITS
 
 KEY_DIR_CHARS = 20
 KEY_DIR_RE = re.compile(f"^[0-9a-f]{{{KEY_DIR_CHARS}}}$")
@@ -92,8 +94,6 @@ interrupted build, or a damaged env) — `ensure` rebuilds it, `prune` removes i
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 CAUSE_MARKERS = ("caused by:", "cause:", "╰─▶", "├─▶", "│")
 MAX_CAUSE_CHARS = 600
-SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
-SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 Step = tuple[str, list[str], dict[str, str], Path]
 """One installer command: (name for messages, argv, environment, working directory)."""
 
@@ -927,20 +927,7 @@ def _is_file_beneath(folder: Path, rel: str) -> bool:
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write ``path`` atomically: a temporary file beside it, flushed to disk, renamed over it."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 @functools.cache
@@ -996,18 +983,10 @@ def _inodes(root: Path, rel: str = ".") -> dict[tuple[int, int], int]:
     return out
 
 
-def parse_size(text: str, what: str = "size") -> int:
-    """``500M``, ``20G``, ``1.5T``, ``4096`` (bytes; K/M/G/T are powers of 1024, an optional B or iB after)."""
-    m = SIZE_RE.match(text)
-    if not m:
-        raise UsageError(f"{what} {text!r}: not a size; use a number with K, M, G or T, e.g. 500M or 20G")
-    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).upper()])
-
-
 def format_size(n: int) -> str:
     """``1.2G``, ``532M``, ``12K``, ``800B``, as ``du -h`` writes them."""
     for unit in ("T", "G", "M", "K"):
-        if n >= SIZE_UNITS[unit]:
-            v = n / SIZE_UNITS[unit]
+        if n >= UNITS[unit]:
+            v = n / UNITS[unit]
             return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
     return f"{n}B"

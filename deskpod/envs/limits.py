@@ -32,7 +32,6 @@ into the job's `Limits`; `deskpod.envs.cgroups` applies them. The numbers, and w
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from deskpod.errors import ConfigError
 from deskpod.hardware.affinity import format_cpu_list, parse_cpu_list
 from deskpod.hardware.devices import DeviceKind
 from deskpod.hardware.topology import Topology
+from deskpod.sizes import parse_size
 
 MIN_MEMORY = 16 * 2**20
 """The smallest memory limit: the job's shim is a Python interpreter of about 10 MiB, so less kills it first."""
@@ -136,19 +136,15 @@ class LimitSettings:
             raise ConfigError(f"pin_cpus {self.pin_cpus!r}: expected true or false")
 
 
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE | re.ASCII)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
 def parse_job_memory(text: str) -> MemorySetting:
     """``share``, ``none``, or a size: ``16G``, ``512M``, ``1.5T``, ``17179869184`` (K/M/G/T are powers of 1024)."""
     word = text.strip().lower()
     if word in ("share", "none"):
         return "share" if word == "share" else None
-    m = _SIZE.match(word)
-    if not m:
-        raise ConfigError(f"--job-memory {text!r}: use 'share', 'none' or a size like 16G or 512M")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    try:
+        size = parse_size(word)
+    except ConfigError:
+        raise ConfigError(f"--job-memory {text!r}: use 'share', 'none' or a size like 16G or 512M") from None
     LimitSettings(job_memory=size)  # the one check of the value
     return size
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from deskpod.errors import RunError
+from deskpod.network import free_port
 from deskpod.processes import stop_processes
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -226,16 +226,10 @@ def _worker(rank: int, world: int, port: int, kind: str, threads: int, seconds: 
     results.put(out)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_workers(kind: str, world: int, threads: int, seconds: float, timeout: float) -> list[dict[str, Any]]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_worker, args=(r, world, port, kind, threads, seconds, results), daemon=True)
         for r in range(world)

@@ -16,12 +16,12 @@ token to the starting user's token file (mode 0600).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import secrets
 from pathlib import Path
 
 from deskpod.errors import AccessError, AuthError, ConfigError
+from deskpod.files import write_text
 from deskpod.jobs.store import Store, User
 
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
@@ -104,9 +104,4 @@ def bootstrap(store: Store, os_user: str | None = None) -> str | None:
 def write_token_file(path: Path, token: str) -> None:
     """Write a token readable only by this user (0600 from the first byte, not chmod-ed after)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.replace(tmp, path)
+    write_text(path, token + "\n", mode=0o600)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -39,6 +38,7 @@ from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord, Store, User, job_number
+from deskpod.network import free_port
 
 S = JobState
 ACTIVE = (S.STARTING, S.BUILDING, S.RUNNING)
@@ -652,10 +652,3 @@ def build_error(log: Path) -> str:
         tail = []
     said = [line[len("deskpod: ") :] for line in tail if line.startswith("deskpod: ")]
     return said[-1] if said else "see env-build.log in the job's folder"
-
-
-def free_port() -> int:
-    """A free TCP port on loopback for the job's rendezvous (``MASTER_PORT``)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -1,9 +1,9 @@
 """Job processes: start, watch, stop and re-adopt them, by pid *and* process start time.
 
 Each job runs as ``shim.py`` (see there) in its own session and process group, with its output
-appended to the job's log file. A process is identified by (pid, start time in clock ticks since
-boot, from ``/proc/<pid>/stat``): after a daemon restart a pid that now belongs to another process
-has another start time, so it is never mistaken for the job — and never signalled.
+appended to the job's log file. A process is identified by (pid, start time; `deskpod.processes.alive`):
+after a daemon restart a pid that now belongs to another process has another start time, so it is never
+mistaken for the job — and never signalled.
 
 Stopping is SIGTERM to the whole group, a grace period, then SIGKILL to the group; the daemon's
 loop drives the timing (`Supervisor` holds no timers), so a stop survives a daemon restart too.
@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 from deskpod.envs.userfiles import RefusedFile, check_owned, read_path
+from deskpod.processes import alive as alive
+from deskpod.processes import start_time as start_time
 
 SHIM = Path(__file__).with_name("shim.py")
 SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -61,27 +65,6 @@ class Attempt:
         return self.folder / "output.log"
 
 
-def start_time(pid: int, *, zombies: bool = False) -> int | None:
-    """The process's start time in clock ticks since boot, or None if no such live process.
-
-    A zombie has finished (only its exit status is left), so it counts as gone unless ``zombies``.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X") and not zombies:
-        return None
-    return int(fields[19])
-
-
-def alive(pid: int, started: int | None) -> bool:
-    """Whether the process we started as ``pid`` at ``started`` still runs (not a reused pid)."""
-    now = start_time(pid)
-    return now is not None and (started is None or now == started)
-
-
 def shim_of(pid_file: Path, exit_file: Path) -> int | None:
     """The pid in a job's pid file, only if that process is the daemon's own shim for this attempt (its command
     line names the shim and ``exit_file``, and it runs as this process's user). The file lies in the job's folder,
@@ -90,12 +73,11 @@ def shim_of(pid_file: Path, exit_file: Path) -> int | None:
     if pid is None or pid <= 0:
         return None
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-        owner = os.stat(f"/proc/{pid}").st_uid
-    except OSError:
+        p = psutil.Process(pid)
+        argv, owner = p.cmdline(), p.uids().effective
+    except psutil.Error:
         return None
-    if owner != os.geteuid() or str(SHIM).encode() not in argv or str(exit_file).encode() not in argv:
+    if owner != os.geteuid() or str(SHIM) not in argv or str(exit_file) not in argv:
         return None
     return pid
 

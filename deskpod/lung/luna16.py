@@ -32,6 +32,7 @@ import numpy.typing as npt
 import torch
 
 from deskpod.errors import ConfigError, DataError
+from deskpod.files import replacing, write_json
 from deskpod.lung.images import Scan, read_scan, resample, voxel_to_world, world_to_voxel
 from deskpod.train.data import Batch
 
@@ -163,12 +164,9 @@ def prepare_volume(mhd: Path, spacing: tuple[float, float, float], out: Path) ->
     hu = np.clip(np.rint(scan.hu), -32768, 32767).astype(np.int16).transpose(2, 1, 0)  # (z,y,x) -> (x,y,z)
     out.mkdir(parents=True, exist_ok=True)
     uid = mhd.stem
-    tmp = out / f".{uid}.{os.getpid()}.tmp.npy"
-    np.save(tmp, np.ascontiguousarray(hu))
-    meta = {"spacing": scan.spacing, "origin": scan.origin, "direction": scan.direction}
-    (out / f".{uid}.{os.getpid()}.tmp.json").write_text(json.dumps(meta))
-    os.replace(out / f".{uid}.{os.getpid()}.tmp.json", out / f"{uid}.json")
-    os.replace(tmp, out / f"{uid}.npy")  # the .npy last: its presence means the scan is ready
+    write_json(out / f"{uid}.json", {"spacing": scan.spacing, "origin": scan.origin, "direction": scan.direction})
+    with replacing(out / f"{uid}.npy") as f:  # the .npy last: its presence means the scan is ready
+        np.save(f, np.ascontiguousarray(hu))
 
 
 def ensure_cache(layout: Layout, uids: Sequence[str], spacing: tuple[float, float, float], folder: Path,

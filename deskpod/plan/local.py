@@ -33,6 +33,7 @@ from typing import Any
 from deskpod.comm.cost import predict
 from deskpod.comm.rings import build_rings
 from deskpod.errors import RunError, UsageError
+from deskpod.files import write_text
 from deskpod.hardware.topology import Topology
 from deskpod.plan.factors import Factors, MachineFacts, compute_time
 from deskpod.plan.workload import BYTES_PER_ELEMENT, ModelCost, Workload, find_model
@@ -146,9 +147,7 @@ def calibration_path(home: Path) -> Path:
 def save(cal: Calibration, home: Path) -> Path:
     path = calibration_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(cal.to_json())
-    tmp.replace(path)
+    write_text(path, cal.to_json())
     return path
 
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from deskpod import __version__
 from deskpod.errors import DeskpodError, NotFoundError, TooLargeError, UsageError
+from deskpod.files import write_json
 from deskpod.serve.batcher import ModelUnavailable, Overloaded, RequestTimeout
 from deskpod.serve.images import (
     RAW_IMAGE_TOP_K,
@@ -486,9 +487,7 @@ class HttpConnection(asyncio.Protocol):
 
 def write_port_file(path: Path, doc: dict[str, Any]) -> None:
     """Write ``doc`` as JSON to ``path`` atomically (a temporary file renamed over it): a reader never sees half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc) + "\n")
-    os.replace(tmp, path)
+    write_json(path, doc)
 
 
 def port_doc(host: str, port: int, registry: ModelRegistry, *, ready: bool, stopped: bool = False) -> dict[str, Any]:

@@ -13,7 +13,6 @@ never code to run.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 import torch
 
+from deskpod import files
 from deskpod.errors import CheckpointError, UsageError
 from deskpod.train.runs import checkpoint_dir, has_checkpoint, list_checkpoints
 
@@ -34,33 +34,16 @@ def path_for(run_dir: Path, step: int) -> Path:
     return checkpoint_dir(run_dir) / f"step-{step:08d}.pt"
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_atomic(state: dict[str, Any], path: Path, *, before_rename: Callable[[], None] | None = None) -> None:
     """Write ``state`` to ``path`` so that a crash leaves the old file (or none), never a torn one.
 
-    ``before_rename`` is a test seam: it runs after the data is durable but before the rename.
+    ``before_rename`` is a test seam: it runs after the data is written but before the rename.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
+    with files.replacing(path) as f:
+        torch.save(state, f)
         if before_rename is not None:
             before_rename()
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
 
 
 def prune(run_dir: Path, keep: int) -> None:
@@ -70,21 +53,8 @@ def prune(run_dir: Path, keep: int) -> None:
             p.unlink()
     d = checkpoint_dir(run_dir)
     if d.is_dir():
-        for p in d.glob(".step-*.tmp-*"):
-            pid = p.name.rsplit("-", 1)[-1]
-            if pid.isascii() and pid.isdigit() and len(pid) <= 9 and not _alive(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        for p in files.leftovers(d, "step-*"):
+            p.unlink(missing_ok=True)
 
 
 def load(path: Path) -> dict[str, Any]:

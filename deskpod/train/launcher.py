@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 import uuid
@@ -34,6 +33,7 @@ from typing import Any
 
 from deskpod.environment import Environment
 from deskpod.errors import CheckpointError, ConfigError, DataError, DeskpodError, UsageError, WorkerError
+from deskpod.files import write_json, write_text
 from deskpod.hardware.affinity import format_cpu_list, numa_nodes
 from deskpod.hardware.devices import Device, Inventory, cpu_inventory, cpu_layout, cpu_slots, discover
 from deskpod.processes import child_pids
@@ -255,7 +255,7 @@ def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int | None) -> 
         (paths.root / stale).unlink(missing_ok=True)
     # Every node of a multi-node run writes the same files into the shared run folder, and a resumed attempt
     # reads config.toml back on every node while the others rewrite it: atomically, or a reader sees it empty.
-    _write_atomic(paths.config, dump_config(plan.cfg))
+    write_text(paths.config, dump_config(plan.cfg))
     launch = {
         "kind": plan.kind,
         "backend": "nccl" if plan.kind == "cuda" else "gloo",
@@ -277,13 +277,7 @@ def _write_run_folder(plan: Plan, mode: Mode, timing_skip_steps: int | None) -> 
             plan.cfg.epochs,
         )[1],
     }
-    _write_atomic(paths.launch, json.dumps(launch, indent=2))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_json(paths.launch, launch, indent=2)
 
 
 def _affinity(plan: Plan) -> dict[str, dict[str, Any]]:
@@ -488,7 +482,7 @@ def _finish(plan: Plan, wall: float, stopped_by: int, progress: Progress) -> dic
     }
     if plan.world is not None and plan.world.node_rank > 0:
         return summary  # the first node writes the run's summary and plots
-    _write_atomic(paths.summary, json.dumps(summary, indent=2))
+    write_json(paths.summary, summary, indent=2)
     if not stopped:
         from deskpod.train.plots import write_plots
 

@@ -9,11 +9,11 @@ file reads as one uninterrupted run.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from deskpod.files import write_text
 from deskpod.train.runs import read_metrics
 
 
@@ -22,9 +22,7 @@ class MetricsLog:
         self.path = path
         if resume_step is not None and path.exists():
             kept = [r for r in read_metrics(path.parent) if int(r.get("step", 0)) <= resume_step]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, path)
+            write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
         self._tb: Any = None
         if tensorboard_dir is not None:

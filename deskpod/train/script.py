@@ -29,7 +29,6 @@ import contextlib
 import importlib.util
 import json
 import math
-import os
 import sys
 import threading
 import time
@@ -41,6 +40,7 @@ from typing import Any, TextIO
 
 from deskpod.environment import Environment
 from deskpod.errors import ConfigError, UsageError, WorkerError
+from deskpod.files import write_json
 from deskpod.hardware.devices import Device, Inventory
 from deskpod.train.launcher import (
     environment,
@@ -184,9 +184,7 @@ def _write_run_file(run: ScriptRun) -> None:
         "affinity": rank_affinity_map(run.kind, run.devices, run.cpu_pins),
         "cwd": str(Path.cwd()),
     }
-    tmp = run.run_dir / f".{RUN_FILE}.{os.getpid()}"
-    tmp.write_text(json.dumps(doc, indent=2))
-    os.replace(tmp, run.run_dir / RUN_FILE)
+    write_json(run.run_dir / RUN_FILE, doc, indent=2)
 
 
 class TensorBoardScalars:
@@ -393,9 +391,7 @@ def _write_summary(
         "wall_time_s": round(wall_s, 2),
     }
     if run.world is None or run.world.node_rank == 0:
-        tmp = run.run_dir / f".summary.json.{os.getpid()}"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, run.run_dir / "summary.json")
+        write_json(run.run_dir / "summary.json", summary, indent=2)
     return summary
 
 

@@ -12,7 +12,6 @@ launcher turns the file into a one-line error with exit code 2.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import timedelta
@@ -23,15 +22,10 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from deskpod.errors import UsageError
+from deskpod.files import write_json
 from deskpod.hardware.affinity import pin_rank
 from deskpod.processes import die_with_parent, exit_without_finalizing
 from deskpod.train.runs import RunPaths, read_json
-
-
-def _write_json_atomic(path: Path, data: object) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def _stderr_to_log(folder: Path, rank: int) -> None:
@@ -79,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         result = Trainer(run_dir, stop).run()
         result["restarts"] = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if rank == 0:
-            _write_json_atomic(run_dir / "worker-result.json", result)
+            write_json(run_dir / "worker-result.json", result, indent=2)
     except UsageError as e:
-        _write_json_atomic(run_dir / "error.json", {"type": type(e).__name__, "message": str(e), "rank": rank})
+        write_json(run_dir / "error.json", {"type": type(e).__name__, "message": str(e), "rank": rank}, indent=2)
         return 0
     finally:
         dist.destroy_process_group()

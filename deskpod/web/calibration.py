@@ -21,6 +21,7 @@ from typing import Any
 
 from deskpod.envs.userfiles import read_beneath
 from deskpod.errors import DeskpodError
+from deskpod.files import write_json
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.web.failures import failure
@@ -59,9 +60,7 @@ def _remember(web: Any, job: JobRecord | None) -> None:
         path.unlink(missing_ok=True)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"job": job.id}))
-    os.replace(tmp, path)
+    write_json(path, {"job": job.id})
 
 
 def start(web: Any, who: Any) -> JobRecord:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from deskpod.envs.userfiles import read_path, scandir_path
 from deskpod.errors import ConflictError
 from deskpod.jobs import supervisor as sv
@@ -31,7 +33,6 @@ DUMP_TIMEOUT_S = 10.0
 MAX_TARGETS = 32
 """Processes dumped at most (a command job's group may hold many)."""
 MAX_ANCESTRY = 64
-PROC = Path("/proc")
 RANK_FILE = re.compile(r"^rank(\d+)\.pid$")
 
 
@@ -53,13 +54,12 @@ def py_spy() -> str | None:
 def _stat(pid: int) -> tuple[int, int, int] | None:
     """(parent pid, process group, session) of a live process; None if it is gone or a zombie."""
     try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except (OSError, ValueError):
+        p = psutil.Process(pid)
+        if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return None
+        return p.ppid(), os.getpgid(pid), os.getsid(pid)
+    except (psutil.Error, OSError, ValueError):  # gone, or not a pid (a rank file may say anything)
         return None
-    fields = text[text.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[1]), int(fields[2]), int(fields[3])
 
 
 def belongs(pid: int, leader: int) -> bool:
@@ -85,20 +85,19 @@ def belongs(pid: int, leader: int) -> bool:
 def group_pids(leader: int) -> list[int]:
     """Live processes in the job's process group or session, the shim first."""
     found = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            st = _stat(int(entry.name))
-            if st is not None and leader in (st[1], st[2]):
-                found.append(int(entry.name))
+    for pid in psutil.pids():
+        st = _stat(pid)
+        if st is not None and leader in (st[1], st[2]):
+            found.append(pid)
     return sorted(found, key=lambda p: (p != leader, p))
 
 
 def command_of(pid: int) -> str:
     try:
-        raw = (PROC / str(pid) / "cmdline").read_bytes()
-    except OSError:
+        argv = " ".join(psutil.Process(pid).cmdline()).encode(errors="surrogateescape")  # as the kernel has it
+    except (psutil.Error, ValueError):
         return ""
-    text = " ".join(raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace").split())
+    text = " ".join(argv.decode(errors="replace").split())
     return text if len(text) <= 160 else text[:157] + "..."
 
 
@@ -126,7 +125,7 @@ def targets(job: JobRecord, run_dir: Path | None) -> tuple[list[Target], list[st
     notes: list[str] = []
     found: list[Target] = []
     for rank, pid in rank_pids(run_dir):
-        if not (PROC / str(pid)).exists() or _stat(pid) is None:
+        if _stat(pid) is None:
             notes.append(f"rank {rank}: pid {pid} is not running (it ended, or the rank restarted)")
         elif not belongs(pid, leader):
             notes.append(f"rank {rank}: pid {pid} is not a process of this job (a stale pid file); left alone")

@@ -13,23 +13,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deskpod.network import free_port
+
 HOSTS = Path("/etc/hosts")
 NODES = ("node1", "node2")
 CPUS_PER_NODE = 2
 GPUS_PER_NODE = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def missing() -> str | None:
@@ -69,7 +64,7 @@ class SlurmCluster:
             dev = r / "dev" / f"gpu{i}"
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # a character device like /dev/null
-        ports = [_free_port() for _ in range(2 + len(NODES))]
+        ports = [free_port() for _ in range(2 + len(NODES))]
         nodes = "\n".join(
             f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={ports[2 + i]} CPUs={CPUS_PER_NODE} "
             f"RealMemory=8000 Gres=gpu:{GPUS_PER_NODE}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deskpod.envs.cache import EnvBuildError, EnvCache, find_uv, installer_cause, parse_size
+from deskpod.envs.cache import EnvBuildError, EnvCache, find_uv, installer_cause
 from deskpod.envs.definition import EnvDefinition, parse_environment
 from deskpod.envs.index import PackageSources, package_sources, pip_config_files
 from deskpod.envs.python import resolve_python
@@ -348,14 +348,6 @@ def test_installer_causes_in_one_line() -> None:
         " No matching distribution found for nosuchpkg==1.0"
     )
     assert installer_cause("Traceback...\nOSError: disk full\n") == "OSError: disk full"
-
-
-def test_sizes() -> None:
-    assert [parse_size(s) for s in ("500M", "20G", "1.5k", "4096", "2GiB", "1tb")] == [
-        500 * 2**20, 20 * 2**30, 1536, 4096, 2 * 2**30, 2**40,
-    ]  # fmt: skip
-    with pytest.raises(UsageError, match=r"--max-size '20X': not a size; use a number with K, M, G or T"):
-        parse_size("20X", "--max-size")
 
 
 def test_a_pruned_environment_is_rebuilt_offline_to_the_same_versions(cache: EnvCache) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,12 +22,7 @@ from typing import Any
 from deskpod.envs.accounts import Account, drop_privileges
 from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError, NotFoundError
 from deskpod.jobs.client import PodClient
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from deskpod.network import free_port
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
