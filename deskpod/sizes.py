@@ -1,4 +1,5 @@
-"""Sizes as people write them: ``20G``, ``512M``, ``1.5T``, ``4096``; K, M, G and T are powers of 1024."""
+"""Sizes as people write them (``20G``, ``512M``, ``1.5T``, ``4096``) and read them (``2.0 GiB``); K, M, G and T
+are powers of 1024."""
 
 from __future__ import annotations
 
@@ -17,3 +18,11 @@ def parse_size(text: str, what: str = "size") -> int:
     if not m:
         raise ConfigError(f"{what} {text!r}: not a size; use a number with K, M, G or T, e.g. 500M or 20G")
     return int(float(m.group(1)) * UNITS[m.group(2).upper()])
+
+
+def format_bytes(n: int) -> str:
+    """``2.0 GiB``, ``64.0 MiB``, ``1.5 KiB``, ``800 bytes``: a limit or a size as a message shows it."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

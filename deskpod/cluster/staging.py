@@ -63,8 +63,9 @@ from typing import Any
 
 from deskpod.environment import Environment
 from deskpod.errors import ConfigError, DataError, RunError
-from deskpod.files import write_text
+from deskpod.files import write_json
 from deskpod.processes import alive, start_time
+from deskpod.sizes import format_bytes
 
 FORMAT = 1
 ALGORITHM = "sha256"
@@ -185,7 +186,7 @@ def stage(
             _make_room(scratch, need, limit_bytes, key, tree.source)
             tmp = scratch / f".tmp-{key}-{os.getpid()}"
             tmp.mkdir()
-            _write_json(tmp / "owner.json", {"pid": os.getpid(), "start": start_time(os.getpid()), "bytes": need})
+            write_json(tmp / "owner.json", {"pid": os.getpid(), "start": start_time(os.getpid()), "bytes": need})
         try:
             _copy(tree, tmp)
             lease_file = _write_lease(tmp, holder)
@@ -419,7 +420,7 @@ def _write_lease(root: Path, holder: tuple[str, int, int] | None) -> Path | None
     name, pid, started = holder
     (root / "leases").mkdir(exist_ok=True)
     path = root / "leases" / f"{name}@{pid}.json"
-    _write_json(path, {"name": name, "pid": pid, "start": started, "created_ns": time.time_ns()})
+    write_json(path, {"name": name, "pid": pid, "start": started, "created_ns": time.time_ns()})
     return path
 
 
@@ -495,9 +496,9 @@ def _reserved(scratch: Path) -> int:
 
 def _make_room(scratch: Path, need: int, limit: int | None, keep: str, source: Path) -> None:
     """Evict LRU unleased copies until ``need`` more bytes fit; raise, evicting nothing, when they cannot."""
-    what = f"dataset {str(source)!r} ({_size(need)})"
+    what = f"dataset {str(source)!r} ({format_bytes(need)})"
     if limit is not None and need > limit:
-        raise DataError(f"{what} is larger than the staging limit of {_size(limit)} in {scratch}")
+        raise DataError(f"{what} is larger than the staging limit of {format_bytes(limit)} in {scratch}")
     copies = [c for c in staged_list(scratch) if c.key != keep]
     used = sum(c.size for c in copies) + _reserved(scratch)
     free = shutil.disk_usage(scratch).free
@@ -515,10 +516,10 @@ def _make_room(scratch: Path, need: int, limit: int | None, keep: str, source: P
         freed = sum(c.size for c in evictable)
         if not fits(used - freed, free + freed):
             held = used - freed
-            limit_text = f"the staging limit of {_size(limit)}" if limit is not None else "no staging limit"
+            limit_text = f"the staging limit of {format_bytes(limit)}" if limit is not None else "no staging limit"
             raise DataError(
-                f"{what} does not fit in {scratch}: {_size(held)} are held by copies in use or being staged, "
-                f"{_size(free)} free on the disk, {limit_text}; release or wait for those jobs, or stage elsewhere"
+                f"{what} does not fit in {scratch}: {format_bytes(held)} are held by copies in use or being staged, "
+                f"{format_bytes(free)} free on the disk, {limit_text}; release or wait for those jobs, or stage elsewhere"
             )
         for c in evictable:
             _remove(scratch, scratch / c.key)
@@ -587,10 +588,10 @@ def _copy(tree: _Tree, tmp: Path) -> None:
     with ThreadPoolExecutor(max_workers=max(1, min(COPY_THREADS, len(tree.files)))) as pool:
         digests = list(pool.map(lambda f: _copy_file(tree.source_of(f[0]), data / f[0], f[1], f[2]), tree.files))
     files = [[rel, size, mtime, digest] for (rel, size, mtime), digest in zip(tree.files, digests, strict=True)]
-    _write_json(
+    write_json(
         tmp / "manifest.json", {"format": FORMAT, "algorithm": ALGORITHM, "dirs": list(tree.dirs), "files": files}
     )
-    _write_json(tmp / "info.json", {
+    write_json(tmp / "info.json", {
         "format": FORMAT, "key": tree.key(), "source": str(tree.source), "kind": tree.kind, "bytes": tree.size,
         "files": len(tree.files), "dirs": len(tree.dirs), "created_ns": time.time_ns(), "algorithm": ALGORITHM,
     })  # fmt: skip
@@ -633,19 +634,5 @@ def _repair(root: Path, tree: _Tree) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------- small helpers
-def _write_json(path: Path, obj: Any) -> None:
-    write_text(path, json.dumps(obj, separators=(",", ":")))
-
-
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text())
-
-
-def _size(n: int | None) -> str:
-    """Bytes in the units `df -h` would use (powers of 1024), with the exact count for small sizes."""
-    if n is None:
-        return "none"
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"

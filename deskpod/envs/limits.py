@@ -41,7 +41,7 @@ from deskpod.errors import ConfigError
 from deskpod.hardware.affinity import format_cpu_list, parse_cpu_list
 from deskpod.hardware.devices import DeviceKind
 from deskpod.hardware.topology import Topology
-from deskpod.sizes import parse_size
+from deskpod.sizes import format_bytes, parse_size
 
 MIN_MEMORY = 16 * 2**20
 """The smallest memory limit: the job's shim is a Python interpreter of about 10 MiB, so less kills it first."""
@@ -158,15 +158,6 @@ def parse_job_tasks(text: str) -> TasksSetting:
         raise ConfigError(f"--job-tasks {text!r}: use 'default', 'none' or a number like 4096")
     LimitSettings(job_tasks=int(word))
     return int(word)
-
-
-def format_bytes(n: int) -> str:
-    """``2.0 GiB``, ``64.0 MiB``: how a limit is shown to a user."""
-    if n >= 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    if n >= 2**20:
-        return f"{n / 2**20:.1f} MiB"
-    return f"{n} bytes"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

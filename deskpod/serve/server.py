@@ -485,11 +485,6 @@ class HttpConnection(asyncio.Protocol):
         self.respond_json(status, {"error": str(e) or type(e).__name__})
 
 
-def write_port_file(path: Path, doc: dict[str, Any]) -> None:
-    """Write ``doc`` as JSON to ``path`` atomically (a temporary file renamed over it): a reader never sees half."""
-    write_json(path, doc)
-
-
 def port_doc(host: str, port: int, registry: ModelRegistry, *, ready: bool, stopped: bool = False) -> dict[str, Any]:
     """What the port file says: the URL to call (loopback for a wildcard bind), this pid, the models ready,
     those that failed (name -> reason), and whether loading is over."""
@@ -550,7 +545,7 @@ async def serve(
 
     def write_port(**kw: bool) -> None:
         if config.port_file is not None:
-            write_port_file(config.port_file, port_doc(config.host, port, registry, **kw) | addresses)
+            write_json(config.port_file, port_doc(config.host, port, registry, **kw) | addresses)
 
     write_port(ready=False)
     if started is not None:
