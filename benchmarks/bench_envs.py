@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from docs_section import cpu_model, replace_subsection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,6 +69,7 @@ from deskpod.envs.python import Interpreter, resolve_python  # noqa: E402
 from deskpod.envs.sandbox import Walls, check_sandbox, sandbox_argv  # noqa: E402
 from deskpod.errors import DeskpodError  # noqa: E402
 from deskpod.jobs.client import PodClient  # noqa: E402
+from deskpod.processes import start_time  # noqa: E402
 from tests.jobs.pods import Pods  # noqa: E402
 
 SECTION = "## Environments and sandboxes"
@@ -253,26 +255,21 @@ WARM_STEPS = 5
 
 
 def busy_cpu_s() -> float:
-    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``: all but idle and iowait)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the whole machine has spent busy since boot (all but idle and iowait)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
 
 
 def tree_cpu_s(root: int) -> dict[tuple[int, int], float]:
-    """CPU seconds so far of ``root`` and every descendant, by (pid, start time), from ``/proc/PID/stat``."""
-    info: dict[int, tuple[int, int, float]] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                f = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-                info[int(entry)] = (int(f[1]), int(f[19]), (int(f[11]) + int(f[12])) / tick)
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo += [p for p, (ppid, *_) in info.items() if ppid == pid and p not in tree]
-    return {(p, info[p][1]): info[p][2] for p in tree if p in info}
+    """CPU seconds so far of ``root`` and every descendant, by (pid, start time)."""
+    out: dict[tuple[int, int], float] = {}
+    with contextlib.suppress(psutil.Error):
+        top = psutil.Process(root)
+        for p in [top, *top.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                out[(p.pid, start_time(p.pid) or 0)] = t.user + t.system
+    return out
 
 
 def sandbox_overhead(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -511,7 +508,7 @@ both runs get `MPLCONFIGDIR` in the run folder. {spread_note}
 | all | | {dmed:.1f} | {bmed:.1f} | **{sb["ratio"]:.3f}x** (target >= 0.98x: {met(sb["met"])}) | | |
 
 "Other work" is what the rest of the machine kept busy during each run, in cores of the 2: `/proc/stat`'s busy time
-over the run minus the run's own CPU time (its process tree's, sampled from `/proc/PID/stat` every 0.2 s), divided by
+over the run minus the run's own CPU time (its process tree's, sampled every 0.2 s), divided by
 its wall time.
 
 **Second build of a 20-package environment on a warm cache.** `EnvCache(<fresh temp root>).ensure` of a requirements
