@@ -9,8 +9,9 @@ with ``O_EXCL`` (a link planted at its name is never followed) and named ``.<nam
 its writer's pid and start time let `leftovers` tell the file of a writer that died from one being written now,
 even after that pid was given to another process.
 
-These functions follow the target's path as ``open(2)`` does. The pod's daemon writes into a folder another user
-controls with `deskpod.envs.userfiles.write_no_follow` instead, which follows no link on the way.
+A link at the target itself is replaced, never written through; links on the way to its folder are followed, as
+``open(2)`` follows them. So the pod's daemon writes into a folder another user controls with
+`deskpod.envs.userfiles.write_no_follow` instead, which follows none.
 """
 
 from __future__ import annotations
