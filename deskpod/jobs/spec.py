@@ -29,19 +29,8 @@ daemon stores it, so nothing is ever executed from a bad spec::
     scratch = "/local/scratch"       # where (default /tmp/deskpod-scratch); scratch_limit_gb = 500
     env_cache = "/shared/envs"       # where nodes build [environment]s (default ~/.deskpod/envs)
 
-A ``[serve]`` job exports a training run's latest checkpoint into the job's own model repository and
-runs ``deskpod serve`` on it (v2 protocol on 127.0.0.1, a port of its own, written to the job's
-``serve.json``), holding its devices until it is cancelled::
-
-    [serve]
-    run = "/abs/path/runs/my-run"    # a run folder with checkpoints
-    model = "my-run"                 # the model's name on the server (default: the run's name)
-    format = "onnx"                  # onnx | torch
-    max_batch_size = 32
-    max_queue_delay_us = 2000
-    instances = 1
-    image_input = false              # true: the model takes JPEG/PNG (decoded with the run's own transform)
-    grpc = false                     # true: also the v2 gRPC service, on a port of its own ("grpc" in serve.json)
+What a job runs is its kind's business: its field (``command``, ``[train]`` or ``[serve]``) is parsed, checked and
+turned into an argv by its module in `deskpod.jobs.kinds`.
 """
 
 from __future__ import annotations
@@ -54,11 +43,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from deskpod.envs.definition import ENVIRONMENT_SCHEMA, IMAGE_RE, EnvDefinition, parse_environment
 from deskpod.errors import ConfigError
-from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
+from deskpod.jobs.kinds import KINDS as KIND_MODULES
+from deskpod.jobs.kinds.command import MAX_ARG_CHARS, NO_NUL
+from deskpod.jobs.kinds.fields import bad as _bad
+from deskpod.jobs.kinds.fields import integer as _int
+from deskpod.jobs.kinds.fields import no_nulls as _no_nulls
+from deskpod.jobs.kinds.fields import whole as _whole
+from deskpod.train.runs import NAME_HELP, NAME_RE
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV = frozenset(
@@ -83,10 +76,7 @@ MAX_DEVICES = 1024
 MAX_PRIORITY = 1000
 MAX_RUNTIME_S = 30 * 24 * 3600.0
 MAX_RETRIES = 10
-MAX_ARGS = 1024
-MAX_ARG_CHARS = 8192
 MAX_ENV = 256
-MAX_TRAIN_CHARS = 32768
 
 FIELDS = (
     "name", "command", "train", "serve", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
@@ -97,10 +87,8 @@ SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues"
                 "scratch", "scratch_limit_gb", "env_cache")  # fmt: skip
 SLURM_DEFAULTS: dict[str, Any] = {"signal_before_s": 120, "max_requeues": 20, "max_node_failures": 3,
                                   "stage_data": False, "scratch": "/tmp/deskpod-scratch"}  # fmt: skip
-KINDS = ("command", "train", "serve")
-"""A spec has exactly one of these fields; it says what the job runs."""
-SERVE_FORMATS = ("onnx", "torch")
-SERVE_FIELDS = ("run", "model", "format", "max_batch_size", "max_queue_delay_us", "instances", "image_input", "grpc")
+KINDS = tuple(KIND_MODULES)
+"""A spec has exactly one of these fields; it says what the job runs (`deskpod.jobs.kinds`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,14 +161,6 @@ class JobSpec:
         return out
 
 
-def _no_nulls(table: Mapping[str, Any], prefix: str) -> None:
-    """Refuse a field given as null: no field of a spec takes one (the schema says so); a field left out gets its
-    default. (`stored_spec` reads specs stored when unset fields were written as null.)"""
-    for key, value in table.items():
-        if value is None:
-            raise ConfigError(f"job spec: {prefix}{key} = null is not valid; leave {prefix}{key} out for its default")
-
-
 def without_nulls(data: object) -> object:
     """A spec stored before `JobSpec.to_json` left unset fields out (it wrote them as null), as `parse_spec` takes
     it."""
@@ -190,25 +170,6 @@ def without_nulls(data: object) -> object:
     if isinstance(out.get("slurm"), Mapping):
         out["slurm"] = {k: v for k, v in out["slurm"].items() if v is not None}
     return out
-
-
-def _bad(key: str, value: object, valid: str) -> ConfigError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return ConfigError(f"job spec: {key} = {shown} is not valid; {valid}")
-
-
-def _int(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefix: str = "") -> int:
-    v = _whole(data.get(key, default))
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _bad(prefix + key, v, f"expected a whole number from {lo} to {hi}, e.g. {key} = {max(lo, min(hi, 1))}")
-    return v
-
-
-def _whole(v: object) -> object:
-    """A JSON number with a whole value as an int: JSON (and the API's schema) cannot tell ``2.0`` from ``2``."""
-    return int(v) if isinstance(v, float) and v.is_integer() else v
 
 
 def _devices(v: object, device_count: int | None) -> int | str:
@@ -244,39 +205,9 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
             'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]), train (a table of'
             f" deskpod train settings) and serve (a table with run = PATH); got {' and '.join(given) or 'none'}"
         )
-    has_cmd = given == ["command"]
-    command: tuple[str, ...] = ()
-    train: dict[str, Any] | None = None
-    serve: dict[str, Any] | None = None
-    if given == ["serve"]:
-        serve = _serve(data["serve"])
-    elif has_cmd:
-        cmd = data["command"]
-        if (
-            not isinstance(cmd, list)
-            or not 1 <= len(cmd) <= MAX_ARGS
-            or not all(isinstance(a, str) and "\0" not in a and len(a) <= MAX_ARG_CHARS for a in cmd)
-            or not cmd[0]
-        ):
-            raise _bad(
-                "command", cmd, f'expected a list of 1 to {MAX_ARGS} strings (argv, no shell), e.g. ["python", "x.py"]'
-            )
-        command = tuple(cmd)
-    else:
-        t = data["train"]
-        if not isinstance(t, Mapping) or len(json.dumps(t, default=str)) > MAX_TRAIN_CHARS:
-            raise _bad("train", t, f"expected a table of deskpod train settings (under {MAX_TRAIN_CHARS} characters)")
-        train = dict(t)
-        try:
-            tomli_w.dumps(train)  # the trainer gets it as a TOML file: null and mixed arrays cannot be written
-        except (TypeError, ValueError) as e:
-            raise _bad("train", t, f"it must be writable as TOML (no nulls): {e}") from e
-
-    if serve is not None:
-        fallback = f"serve-{serve['model']}"[:NAME_MAX]
-    else:
-        fallback = "train" if train is not None else _name_from_argv(command, default_name)
-    name = data.get("name", fallback)
+    kind = KIND_MODULES[given[0]]
+    value = kind.parse(data[given[0]])
+    name = data.get("name", kind.default_name(value, default_name))
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise _bad(
             "name",
@@ -326,9 +257,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
 
     return JobSpec(
         name=name,
-        command=command,
-        train=train,
-        serve=serve,
+        **{given[0]: value},
         devices=_devices(data.get("devices", 1), device_count),
         placement=placement,
         priority=_int(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
@@ -338,7 +267,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         workdir=workdir,
         nodes=_int(data, "nodes", 1, 1, MAX_NODES),
         slurm=_slurm(data["slurm"]) if "slurm" in data else {},
-        environment=_environment(data.get("environment"), train is not None or serve is not None),
+        environment=_environment(data.get("environment"), given != ["command"]),
     )
 
 
@@ -398,50 +327,6 @@ def _slurm(t: object) -> dict[str, Any]:
     return out
 
 
-def _serve(t: object) -> dict[str, Any]:
-    """The ``[serve]`` table, checked, with its defaults filled in."""
-    if not isinstance(t, Mapping):
-        raise _bad("serve", t, 'expected a table with run = "/abs/path/runs/NAME"')
-    unknown = sorted(str(k) for k in t if k not in SERVE_FIELDS)
-    if unknown:
-        raise ConfigError(f"job spec: unknown field serve.{unknown[0]}; valid: {', '.join(SERVE_FIELDS)}")
-    _no_nulls(t, "serve.")
-    run = t.get("run")
-    if not isinstance(run, str) or not run.startswith("/") or "\0" in run or len(run) > 4096:
-        raise _bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')
-    model = t.get("model", re.sub(r"[^A-Za-z0-9._-]", "-", Path(run).name).strip(".-_") or "model")
-    if not isinstance(model, str) or not NAME_RE.match(model):
-        raise _bad("serve.model", model, f"use {NAME_HELP}")
-    fmt = t.get("format", "onnx")
-    if fmt not in SERVE_FORMATS:
-        raise _bad("serve.format", fmt, f"use one of {', '.join(SERVE_FORMATS)}")
-    return {
-        "run": run,
-        "model": model,
-        "format": fmt,
-        "max_batch_size": _int(t, "max_batch_size", 32, 1, 4096, "serve."),
-        "max_queue_delay_us": _int(t, "max_queue_delay_us", 2000, 0, 10_000_000, "serve."),
-        "instances": _int(t, "instances", 1, 1, 64, "serve."),
-        "image_input": _flag(t, "image_input"),
-        "grpc": _flag(t, "grpc"),
-    }
-
-
-def _flag(t: Mapping[str, Any], key: str) -> bool:
-    v = t.get(key, False)
-    if not isinstance(v, bool):
-        raise _bad(f"serve.{key}", v, f"expected true or false, e.g. {key} = true")
-    return v
-
-
-def _name_from_argv(command: tuple[str, ...], default: str) -> str:
-    """A listing name from the program: ``python x.py`` -> ``x.py``, ``/bin/sleep 5`` -> ``sleep``."""
-    parts = [Path(a).name for a in command[:2]]
-    pick = parts[1] if len(parts) > 1 and parts[0].startswith("python") and not parts[1].startswith("-") else parts[0]
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", pick).strip(".-_")[:NAME_MAX]
-    return cleaned if cleaned and NAME_RE.match(cleaned) else default
-
-
 def load_spec_file(path: Path) -> dict[str, Any]:
     """Read a spec file (``.toml`` or ``.json``) into a plain object for `parse_spec`."""
     try:
@@ -461,8 +346,6 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return data
 
 
-NO_NUL = "^[^\\u0000]*$"
-"""A string without NUL characters (JSON Schema pattern)."""
 ABS_PATH: dict[str, Any] = {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}
 SLURM_NAME: dict[str, Any] = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"}
 
@@ -470,14 +353,6 @@ SLURM_NAME: dict[str, Any] = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,6
 REQUIREMENT = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(==[0-9]+(\.[0-9]+)*)?$"
 """The document's form of a package requirement, ``name`` or ``name==version``: a part of PEP 508 (which the
 server reads in full), so that what the document calls valid is."""
-
-
-def _toml_value(depth: int) -> dict[str, Any]:
-    """A value the trainer's TOML file can hold (no nulls), nested at most ``depth`` tables or arrays deep."""
-    if depth == 0:
-        return {"type": ["string", "number", "boolean"]}
-    inner = _toml_value(depth - 1)
-    return {"type": ["string", "number", "boolean", "array", "object"], "items": inner, "additionalProperties": inner}
 
 
 def _env_schema() -> dict[str, Any]:
@@ -508,39 +383,7 @@ SPEC_SCHEMA: dict[str, Any] = {
     ],
     "properties": {
         "name": {"type": "string", "pattern": NAME_RE.pattern},
-        "command": {
-            "type": "array",
-            "items": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},
-            # prefixItems replaces items for the first: it repeats them, and the program is not empty
-            "prefixItems": [{"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": MAX_ARG_CHARS}],
-            "minItems": 1,
-            "maxItems": MAX_ARGS,
-            "description": "the argv to execute (no shell); the program, first, is not empty",
-        },
-        "train": {
-            "type": "object",
-            "additionalProperties": _toml_value(3),
-            "description": "deskpod train settings (the fields of its config file), writable as TOML (no nulls),"
-            f" under {MAX_TRAIN_CHARS} characters as JSON",
-        },
-        "serve": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["run"],
-            "properties": {
-                "run": {**ABS_PATH, "description": "absolute path of a run folder with checkpoints"},
-                "model": {"type": "string", "pattern": NAME_RE.pattern},
-                "format": {"type": "string", "enum": list(SERVE_FORMATS)},
-                "max_batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
-                "max_queue_delay_us": {"type": "integer", "minimum": 0, "maximum": 10_000_000},
-                "instances": {"type": "integer", "minimum": 1, "maximum": 64},
-                "image_input": {
-                    "type": "boolean",
-                    "description": "the model takes encoded JPEG/PNG, decoded with the run's own transform",
-                },
-                "grpc": {"type": "boolean", "description": "also serve the v2 gRPC service (its address: serve.json)"},
-            },
-        },
+        **{name: kind.SCHEMA for name, kind in KIND_MODULES.items()},
         "devices": {
             "oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}]
         },

@@ -41,6 +41,8 @@ from starlette.concurrency import run_in_threadpool
 
 from deskpod.envs.accounts import Account
 from deskpod.errors import ConfigError, ConflictError, DataError, DeskpodError, UsageError
+from deskpod.jobs.kinds import train as train_kind
+from deskpod.jobs.kinds.train import FLAGS, float_text
 from deskpod.web import datasets, networks, render
 from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
 from deskpod.web.terminal import deskpod_line
@@ -53,7 +55,6 @@ TRAIN_FIELDS = ("devices", "epochs", "steps", "batch_size", "precision", "optimi
 STATE = ("data", "model", *TRAIN_FIELDS)
 """Everything the three steps choose: the query of every step's URL."""
 MAX_VALUE = 4096
-FLAGS = {"batch_size": "--batch-size", "precision": "--precision", "optimizer": "--optimizer", "lr": "--lr"}
 CALIBRATE_HELP = (
     "It measures the devices' FLOP rate and memory copies, a short training and an all-reduce, a few minutes in "
     "all, and keeps the fit with the pod's state"
@@ -67,11 +68,7 @@ def defaults() -> dict[str, str]:
     d = TrainConfig()
     return {"data": d.data, "model": d.model, "devices": d.devices, "epochs": str(d.epochs), "steps": "",
             "batch_size": str(d.batch_size), "precision": d.precision, "optimizer": d.optimizer,
-            "lr": _float_text(d.lr), "name": d.name}  # fmt: skip
-
-
-def _float_text(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(x)
+            "lr": float_text(d.lr), "name": d.name}  # fmt: skip
 
 
 def read_state(params: Mapping[str, str]) -> dict[str, str]:
@@ -173,10 +170,7 @@ def job_spec(state: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, A
     for key in FLAGS:
         if values[key] != _typed_default(key):
             train[key] = values[key]
-    spec: dict[str, Any] = {"train": train, "devices": values["devices"]}
-    if values["name"]:
-        spec["name"] = values["name"]
-    return spec
+    return train_kind.spec(train, devices=values["devices"], name=values["name"] or None)
 
 
 def _typed_default(key: str) -> Any:
@@ -186,24 +180,8 @@ def _typed_default(key: str) -> Any:
 
 
 def cli_line(spec: Mapping[str, Any]) -> str:
-    """``deskpod train --submit ...`` with the flags that queue exactly ``spec`` (`cli_argv`)."""
-    return shlex.join(cli_argv(spec))
-
-
-def cli_argv(spec: Mapping[str, Any]) -> list[str]:
-    """The argv of ``deskpod train --submit ...`` that queues exactly ``spec``; the page shows it as a line that names
-    the pod (`deskpod.web.terminal.deskpod_line`)."""
-    t = spec["train"]
-    argv = ["deskpod", "train", "--submit", "--model", t["model"], "--data", t["data"]]
-    argv += ["--steps", str(t["steps"])] if "steps" in t else ["--epochs", str(t["epochs"])]
-    for key, flag in FLAGS.items():
-        if key in t:
-            argv += [flag, _float_text(t[key]) if key == "lr" else str(t[key])]
-    if spec["devices"] != "all":
-        argv += ["--devices", str(spec["devices"])]
-    if "name" in spec:
-        argv += ["--name", spec["name"]]
-    return argv
+    """``deskpod train --submit ...`` with the flags that queue exactly ``spec`` (`train_kind.submit_argv`)."""
+    return shlex.join(train_kind.submit_argv(spec))
 
 
 def curl_line(spec: Mapping[str, Any], url: str) -> str:
@@ -466,7 +444,7 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
         else:
             out["error"] = str(e)
         return out
-    out.update(spec=spec, cli=deskpod_line(web, cli_argv(spec)), curl=curl_line(spec, url))
+    out.update(spec=spec, cli=deskpod_line(web, train_kind.submit_argv(spec)), curl=curl_line(spec, url))
     return out
 
 

@@ -53,10 +53,11 @@ from starlette.datastructures import UploadFile
 from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, TooLargeError
 from deskpod.jobs.api import status_of
+from deskpod.jobs.kinds.serve import FORMATS, LIMITS
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.serve.images import ImagePreprocess, prepared_image
-from deskpod.train.runs import NAME_MAX, RunPaths
+from deskpod.train.runs import RunPaths
 from deskpod.web import render
 from deskpod.web.failures import failure
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
@@ -77,7 +78,6 @@ METADATA_TIMEOUT_S = 2.0
 INFER_TIMEOUT_S = 30.0
 FAILED_METADATA_RETRY_S = 5.0
 """A server that did not answer is asked again after this long (the page stays fast meanwhile)."""
-FORMATS = ("onnx", "torch")
 ACTIVE = (JobState.QUEUED, JobState.STARTING, JobState.BUILDING, JobState.RUNNING)
 
 
@@ -334,17 +334,16 @@ def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | N
     elif not has_checkpoint(run):
         errors["job"] = f"job {train.id} ({train.name}) has no checkpoint yet; wait for one, then deploy it"
     devices = _int_field(fields, "devices", "devices", 1, max(1, web.pod.device_count), errors)
-    batch = _int_field(fields, "max_batch_size", "max batch size", 1, 4096, errors)
+    _, low, high = LIMITS["max_batch_size"]
+    batch = _int_field(fields, "max_batch_size", "max batch size", low, high, errors)
     fmt = fields.get("format", FORMATS[0])
     if fmt not in FORMATS:
         errors["format"] = f"format {fmt!r} is not one of {', '.join(FORMATS)}"
     if errors or run is None:
         return None, errors
-    name = train.name
     spec = {
-        "name": f"serve-{name}"[:NAME_MAX],
-        "devices": devices,
-        "serve": {"run": str(run), "model": name, "format": fmt, "max_batch_size": batch,
+        "devices": devices,  # named serve-<model> (`deskpod.jobs.kinds.serve.default_name`)
+        "serve": {"run": str(run), "model": train.name, "format": fmt, "max_batch_size": batch,
                   "image_input": fields.get("image_input") == "true", "grpc": fields.get("grpc") == "true"},
     }  # fmt: skip
     try:
