@@ -35,7 +35,6 @@ from deskpod.jobs.confinement import Confinement
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast, forecast
 from deskpod.jobs.isolation import Isolation, Prepared, box_environment
-from deskpod.jobs.kinds import kind_of
 from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
@@ -165,7 +164,7 @@ class Pod:
                 raise ConflictError("job spec: environment: this pod runs jobs in its own Python only")
             if spec.workdir is not None and not Path(spec.workdir).is_dir():
                 raise ConflictError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
-            kind_of(spec).check(spec)
+            spec.check()
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
         if k > self.device_count:
             raise ConflictError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
@@ -464,7 +463,7 @@ class Pod:
         try:
             if job.spec.refused is not None:
                 raise ConfigError(f"its spec is no longer accepted ({job.spec.refused}); submit it again")
-            argv = kind_of(job.spec).argv(job.spec, files.folder)
+            argv = job.spec.argv(files.folder)
             limits = self.confinement.limits(devices) if self.confinement is not None else None
             env = self._env(job, devices, port, pinned=limits is not None and limits.cpus is not None)
             if self.isolation is not None:

@@ -131,6 +131,19 @@ class JobSpec:
     def kind(self) -> str:
         return "train" if self.train is not None else "serve" if self.serve is not None else "command"
 
+    @property
+    def what(self) -> Any:
+        """The kind's field: the command, the train table or the serve table."""
+        return self.train if self.train is not None else self.serve if self.serve is not None else self.command
+
+    def argv(self, folder: Path) -> list[str]:
+        """The command line the job runs in its ``folder``: its kind's (`deskpod.jobs.kinds`)."""
+        return KIND_MODULES[self.kind].argv(self.what, self.name, folder)
+
+    def check(self) -> None:
+        """What a pod that runs jobs as itself refuses at submission: what its kind could not start here."""
+        KIND_MODULES[self.kind].check(self.what)
+
     def to_json(self) -> dict[str, Any]:
         """The canonical form, as the store keeps it and the API shows it: a spec `parse_spec` takes back unchanged
         (a field that is not set is left out, never null: the parser, like the API's schema, refuses null)."""

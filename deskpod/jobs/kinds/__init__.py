@@ -15,12 +15,9 @@ kind's argv is built in one place. A kind is a module with this shape (`Kind`)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from deskpod.jobs.kinds import command, serve, train
-
-if TYPE_CHECKING:
-    from deskpod.jobs.spec import JobSpec
 
 
 class Kind(Protocol):
@@ -35,16 +32,12 @@ class Kind(Protocol):
     def default_name(self, value: Any, fallback: str) -> str:
         """The job's name when the spec gives none."""
 
-    def check(self, spec: JobSpec) -> None:
+    def check(self, value: Any) -> None:
         """What a pod without isolation refuses at submission (`ConflictError`): what it could not start."""
 
-    def argv(self, spec: JobSpec, folder: Path) -> list[str]:
-        """The command line the job runs in its ``folder`` (writing there what the command line names)."""
+    def argv(self, value: Any, name: str, folder: Path) -> list[str]:
+        """The command line job ``name`` runs in its ``folder`` (writing there what the command line names)."""
 
 
 KINDS: dict[str, Kind] = {"command": command, "train": train, "serve": serve}
 """A spec has exactly one of these fields; it says what the job runs."""
-
-
-def kind_of(spec: JobSpec) -> Kind:
-    return KINDS[spec.kind]

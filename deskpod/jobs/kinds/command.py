@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deskpod.jobs.kinds.fields import bad
 from deskpod.train.runs import NAME_MAX, NAME_RE
-
-if TYPE_CHECKING:
-    from deskpod.jobs.spec import JobSpec
 
 MAX_ARGS = 1024
 MAX_ARG_CHARS = 8192
@@ -49,9 +46,9 @@ def default_name(command: tuple[str, ...], fallback: str) -> str:
     return cleaned if cleaned and NAME_RE.match(cleaned) else fallback
 
 
-def check(spec: JobSpec) -> None:
+def check(command: tuple[str, ...]) -> None:
     """Nothing: the command's program is looked for when it starts (in its environment, which it may build)."""
 
 
-def argv(spec: JobSpec, folder: Path) -> list[str]:
-    return list(spec.command)
+def argv(command: tuple[str, ...], name: str, folder: Path) -> list[str]:
+    return list(command)

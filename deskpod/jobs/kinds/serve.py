@@ -28,7 +28,6 @@ from deskpod.jobs.kinds.fields import bad, flag, integer, no_nulls
 from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 
 if TYPE_CHECKING:
-    from deskpod.jobs.spec import JobSpec
     from deskpod.serve.export import ExportOptions
 
 FORMATS = ("onnx", "torch")
@@ -95,24 +94,22 @@ def default_name(serve: Mapping[str, Any], fallback: str) -> str:
     return f"serve-{serve['model']}"[:NAME_MAX]
 
 
-def check(spec: JobSpec) -> None:
+def check(serve: Mapping[str, Any]) -> None:
     """The run is a folder of this box with a checkpoint (a pod with isolation opens it as the user instead)."""
     from deskpod.train.runs import has_checkpoint
 
-    assert spec.serve is not None
-    run = Path(spec.serve["run"])
+    run = Path(serve["run"])
     if not run.is_dir():
         raise ConflictError(f"job spec: serve.run {str(run)!r} is not a run folder on this box")
     if not has_checkpoint(run):
         raise ConflictError(f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)")
 
 
-def argv(spec: JobSpec, folder: Path) -> list[str]:
+def argv(serve: Mapping[str, Any], name: str, folder: Path) -> list[str]:
     """``deskpod serve`` for the job: export the run into the job's own repository (`export_if_new`), serve it on a
     free loopback port (and gRPC on another, with ``grpc``), and write where it listens to ``serve.json`` in the
     job's folder."""
-    s = spec.serve
-    assert s is not None
+    s = serve
     return [
         sys.executable, "-m", "deskpod", "serve", str(folder / "models"),
         "--export", str(s["run"]), "--name", str(s["model"]), "--format", str(s["format"]),

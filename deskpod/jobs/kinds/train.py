@@ -11,15 +11,12 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tomli_w
 
 from deskpod.envs.userfiles import scandir_path, write_no_follow
 from deskpod.jobs.kinds.fields import bad
-
-if TYPE_CHECKING:
-    from deskpod.jobs.spec import JobSpec
 
 MAX_TRAIN_CHARS = 32768
 FLAGS = {"batch_size": "--batch-size", "precision": "--precision", "optimizer": "--optimizer", "lr": "--lr"}
@@ -57,21 +54,20 @@ def default_name(train: Mapping[str, Any], fallback: str) -> str:
     return "train"
 
 
-def check(spec: JobSpec) -> None:
+def check(train: Mapping[str, Any]) -> None:
     """Nothing more: the table was checked as TOML; the trainer checks its keys (the CLI does before it submits)."""
 
 
-def argv(spec: JobSpec, folder: Path) -> list[str]:
-    """``deskpod train`` on the spec's table, written to ``train.toml`` in the job's folder, with its run in the
+def argv(train: Mapping[str, Any], name: str, folder: Path) -> list[str]:
+    """``deskpod train`` on the table, written to ``train.toml`` in the job's folder, with its run in the
     folder's ``runs/`` (`deskpod.jobs.pod.Pod.run_dir`), resumed when the run has a checkpoint."""
-    assert spec.train is not None
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "train.toml"
-    write_no_follow(config, tomli_w.dumps(dict(spec.train)).encode())  # the folder may be the job user's
+    write_no_follow(config, tomli_w.dumps(dict(train)).encode())  # the folder may be the job user's
     out = folder / "runs"
-    line = [sys.executable, "-m", "deskpod", "train", "--config", str(config), "--out", str(out), "--name", spec.name,
+    line = [sys.executable, "-m", "deskpod", "train", "--config", str(config), "--out", str(out), "--name", name,
             "--devices", "all"]  # fmt: skip
-    if any(e.name.endswith(".pt") for e in scandir_path(out / spec.name / "checkpoints")):  # no link followed
+    if any(e.name.endswith(".pt") for e in scandir_path(out / name / "checkpoints")):  # no link followed
         line.append("--resume")
     return line
 
