@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,6 +91,11 @@ class PodConfig:
             raise ConfigError(f"--priority-limit {self.priority_limit}: expected -1000 to 1000")
         if not (self.job_disk in ("default", None) or (isinstance(self.job_disk, int) and self.job_disk > 0)):
             raise ConfigError(f"--job-disk {self.job_disk!r}: expected 'default', 'none' or a size like 200G")
+
+    def to_json(self) -> dict[str, Any]:
+        """Every setting, as ``GET /v1/status`` shows them (``settings``): what each ``deskpod up`` flag made of this
+        pod (paths as strings, sizes in bytes, None where unset or unlimited)."""
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
 class Pod:
