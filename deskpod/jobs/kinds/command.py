@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,13 @@ def default_name(command: tuple[str, ...], fallback: str) -> str:
     pick = parts[1] if len(parts) > 1 and parts[0].startswith("python") and not parts[1].startswith("-") else parts[0]
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", pick).strip(".-_")[:NAME_MAX]
     return cleaned if cleaned and NAME_RE.match(cleaned) else fallback
+
+
+def build_argv(cache: Path, definition: Path, log: Path, python: Path) -> list[str]:
+    """What a job whose ``[environment]`` is not built yet runs first, as its account: ``deskpod env build`` of the
+    ``definition`` file into the account's ``cache`` with the ``python`` interpreter, its output to ``log``."""
+    return [sys.executable, "-m", "deskpod", "env", "build", "--cache", str(cache), "--definition", str(definition),
+            "--log", str(log), "--python", str(python)]  # fmt: skip
 
 
 def check(command: tuple[str, ...]) -> None:
