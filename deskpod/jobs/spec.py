@@ -165,12 +165,7 @@ class JobSpec:
             out["slurm"] = dict(self.slurm)
         if self.environment is not None:
             out["environment"] = self.environment.to_json()
-        if self.train is not None:
-            out["train"] = dict(self.train)
-        elif self.serve is not None:
-            out["serve"] = dict(self.serve)
-        else:
-            out["command"] = list(self.command)
+        out[self.kind] = list(self.command) if self.kind == "command" else dict(self.what)
         return out
 
 

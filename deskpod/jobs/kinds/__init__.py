@@ -21,19 +21,15 @@ from deskpod.jobs.kinds import command, serve, train
 
 
 class Kind(Protocol):
-    """One kind of job (a module: `command`, `train`, `serve`)."""
+    """One kind of job (a module). ``value`` is its field of a spec: what ``parse`` made of it."""
 
     SCHEMA: dict[str, Any]
-    """Its field's JSON Schema, for the OpenAPI document (``parse`` is what enforces it)."""
+    """Its field's JSON Schema, for the OpenAPI document (``parse`` enforces it, with the one-line messages)."""
 
-    def parse(self, value: object) -> Any:
-        """Its field of a spec, checked (and its defaults filled in), or `ConfigError` naming the bad value."""
-
-    def default_name(self, value: Any, fallback: str) -> str:
-        """The job's name when the spec gives none."""
-
+    def parse(self, value: object) -> Any: ...
+    def default_name(self, value: Any, fallback: str) -> str: ...
     def check(self, value: Any) -> None:
-        """What a pod without isolation refuses at submission (`ConflictError`): what it could not start."""
+        """What a pod that runs jobs as itself refuses at submission (`ConflictError`): what it could not start."""
 
     def argv(self, value: Any, name: str, folder: Path) -> list[str]:
         """The command line job ``name`` runs in its ``folder`` (writing there what the command line names)."""
