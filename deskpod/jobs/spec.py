@@ -47,10 +47,7 @@ from deskpod.envs.definition import ENVIRONMENT_SCHEMA, IMAGE_RE, EnvDefinition,
 from deskpod.errors import ConfigError
 from deskpod.jobs.kinds import KINDS as KIND_MODULES
 from deskpod.jobs.kinds.command import MAX_ARG_CHARS, NO_NUL
-from deskpod.jobs.kinds.fields import bad as _bad
-from deskpod.jobs.kinds.fields import integer as _int
-from deskpod.jobs.kinds.fields import no_nulls as _no_nulls
-from deskpod.jobs.kinds.fields import whole as _whole
+from deskpod.jobs.kinds.fields import bad, integer, no_nulls, whole
 from deskpod.train.runs import NAME_HELP, NAME_RE
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -181,14 +178,14 @@ def without_nulls(data: object) -> object:
 
 
 def _devices(v: object, device_count: int | None) -> int | str:
-    v = _whole(v)
+    v = whole(v)
     if isinstance(v, str) and v.strip().lower() == "all":
         return "all" if device_count is None else device_count
     text = v.strip() if isinstance(v, str) else ""
     if 0 < len(text) <= 9 and text.isascii() and text.isdigit():  # "²".isdigit() is True; int() refuses it
         v = int(text)
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEVICES:
-        raise _bad("devices", v, 'expected a count from 1 or "all", e.g. devices = 2')
+        raise bad("devices", v, 'expected a count from 1 or "all", e.g. devices = 2')
     return v
 
 
@@ -205,7 +202,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     unknown = sorted(str(k) for k in data if k not in FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field {unknown[0]!r}; valid fields: {', '.join(FIELDS)}")
-    _no_nulls(data, "")
+    no_nulls(data, "")
 
     given = [k for k in KINDS if k in data]
     if len(given) != 1:
@@ -217,7 +214,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     value = kind.parse(data[given[0]])
     name = data.get("name", kind.default_name(value, default_name))
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _bad(
+        raise bad(
             "name",
             name,
             f"use {NAME_HELP} (no spaces, shell characters or '/')",
@@ -225,7 +222,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
 
     placement = data.get("placement", "best")
     if not isinstance(placement, str) or not re.match(r"^(best|pack|partition:[A-Za-z0-9_-]{1,64})$", placement):
-        raise _bad("placement", placement, "use best, pack or partition:<name>")
+        raise bad("placement", placement, "use best, pack or partition:<name>")
 
     max_runtime = data.get("max_runtime")
     if max_runtime is not None and (
@@ -233,7 +230,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         or not isinstance(max_runtime, int | float)
         or not 0 < max_runtime <= MAX_RUNTIME_S
     ):
-        raise _bad(
+        raise bad(
             "max_runtime",
             max_runtime,
             f"expected seconds above 0 and at most {MAX_RUNTIME_S:.0f}, e.g. max_runtime = 3600",
@@ -241,39 +238,39 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
 
     env = data.get("env", {})
     if not isinstance(env, Mapping) or len(env) > MAX_ENV:
-        raise _bad("env", env, f'expected a table of at most {MAX_ENV} NAME = "value" strings')
+        raise bad("env", env, f'expected a table of at most {MAX_ENV} NAME = "value" strings')
     for k, v in env.items():
         if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-            raise _bad("env", k, "variable names are letters, digits and '_', not starting with a digit")
+            raise bad("env", k, "variable names are letters, digits and '_', not starting with a digit")
         if k in RESERVED_ENV:
-            raise _bad("env", k, f"the pod service sets {', '.join(sorted(RESERVED_ENV))} itself")
+            raise bad("env", k, f"the pod service sets {', '.join(sorted(RESERVED_ENV))} itself")
         if loader_variable(k):
-            raise _bad(
+            raise bad(
                 "env",
                 k,
                 "the C library loader's variables (LD_*, GLIBC_TUNABLES, GCONV_PATH, ...) are not accepted in"
                 f' a job spec; set it in the command instead, e.g. command = ["env", "{k}=...", "python", "x.py"]',
             )
         if not isinstance(v, str) or "\0" in v or len(v) > MAX_ARG_CHARS:
-            raise _bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
+            raise bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
 
     workdir = data.get("workdir")
     if workdir is not None and (
         not isinstance(workdir, str) or not workdir.startswith("/") or "\0" in workdir or len(workdir) > 4096
     ):
-        raise _bad("workdir", workdir, 'expected an absolute path, e.g. workdir = "/home/me/project"')
+        raise bad("workdir", workdir, 'expected an absolute path, e.g. workdir = "/home/me/project"')
 
     return JobSpec(
         name=name,
         **{given[0]: value},
         devices=_devices(data.get("devices", 1), device_count),
         placement=placement,
-        priority=_int(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
+        priority=integer(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_runtime=None if max_runtime is None else float(max_runtime),
-        retries=_int(data, "retries", 0, 0, MAX_RETRIES),
+        retries=integer(data, "retries", 0, 0, MAX_RETRIES),
         env=dict(env),
         workdir=workdir,
-        nodes=_int(data, "nodes", 1, 1, MAX_NODES),
+        nodes=integer(data, "nodes", 1, 1, MAX_NODES),
         slurm=_slurm(data["slurm"]) if "slurm" in data else {},
         environment=_environment(data.get("environment"), given != ["command"]),
     )
@@ -308,30 +305,30 @@ def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:
 def _slurm(t: object) -> dict[str, Any]:
     """The ``[slurm]`` table, checked, with its defaults filled in."""
     if not isinstance(t, Mapping):
-        raise _bad("slurm", t, 'expected a table, e.g. [slurm] partition = "gpu"')
+        raise bad("slurm", t, 'expected a table, e.g. [slurm] partition = "gpu"')
     unknown = sorted(str(k) for k in t if k not in SLURM_FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field slurm.{unknown[0]}; valid: {', '.join(SLURM_FIELDS)}")
-    _no_nulls(t, "slurm.")
+    no_nulls(t, "slurm.")
     out = {**SLURM_DEFAULTS, **dict(t)}
     for key in ("partition", "account", "qos"):
         v = out.get(key)
         if v is not None and (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v)):
-            raise _bad(f"slurm.{key}", v, "a Slurm name: 1-64 letters, digits, '.', '_' or '-'")
-    out["signal_before_s"] = _int(out, "signal_before_s", 120, 0, 3600, "slurm.")
-    out["max_requeues"] = _int(out, "max_requeues", 20, 0, 1000, "slurm.")
-    out["max_node_failures"] = _int(out, "max_node_failures", 3, 0, 100, "slurm.")
+            raise bad(f"slurm.{key}", v, "a Slurm name: 1-64 letters, digits, '.', '_' or '-'")
+    out["signal_before_s"] = integer(out, "signal_before_s", 120, 0, 3600, "slurm.")
+    out["max_requeues"] = integer(out, "max_requeues", 20, 0, 1000, "slurm.")
+    out["max_node_failures"] = integer(out, "max_node_failures", 3, 0, 100, "slurm.")
     if not isinstance(out["stage_data"], bool):
-        raise _bad("slurm.stage_data", out["stage_data"], "true or false")
+        raise bad("slurm.stage_data", out["stage_data"], "true or false")
     sc = out["scratch"]
     if not isinstance(sc, str) or not sc.startswith("/") or "\0" in sc or len(sc) > 4096:
-        raise _bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
+        raise bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
     ec = out.get("env_cache")
     if ec is not None and (not isinstance(ec, str) or not ec.startswith("/") or "\0" in ec or len(ec) > 4096):
-        raise _bad("slurm.env_cache", ec, 'an absolute path every node sees, e.g. env_cache = "/shared/deskpod-envs"')
+        raise bad("slurm.env_cache", ec, 'an absolute path every node sees, e.g. env_cache = "/shared/deskpod-envs"')
     lim = out.get("scratch_limit_gb")
     if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int | float) or not 0 < lim <= 1e6):
-        raise _bad("slurm.scratch_limit_gb", lim, "gigabytes above 0, e.g. scratch_limit_gb = 500")
+        raise bad("slurm.scratch_limit_gb", lim, "gigabytes above 0, e.g. scratch_limit_gb = 500")
     return out
 
 
