@@ -20,6 +20,7 @@ from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord, job_number
 from deskpod.train.runs import RunPaths
 from deskpod.web import render, stream
+from deskpod.web.app import Web
 from deskpod.web.runinfo import display, read_summary, resolved_config
 from deskpod.web.session import Viewer, viewer
 from deskpod.web.terminal import TENSORBOARD_PORT, event_folder, tensorboard_line
@@ -61,7 +62,7 @@ def parse_ids(text: str) -> list[str]:
     return ids
 
 
-def _run(web: Any, job: JobRecord, i: int) -> dict[str, Any]:
+def _run(web: Web, job: JobRecord, i: int) -> dict[str, Any]:
     run = web.run_dir(job)
     config = resolved_config(web, job) or {"source": "", "values": {}}
     summary = read_summary(run) or {}
@@ -102,7 +103,7 @@ def config_diff(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return {"differ": differ, "same": same}
 
 
-def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any], int]:
+def compare_view(web: Web, who: Viewer, jobs: str | None) -> tuple[dict[str, Any], int]:
     """The Compare page's data and its HTTP status (400 with ``error`` for a bad id list)."""
     owner = who.owner_filter()
     picker = [  # the newest training runs, however many jobs of other kinds came after them
@@ -142,7 +143,7 @@ def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any
     return data, 200
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/compare.json")
     @app.get("/compare")
     def compare_page(request: Request, who: Signed) -> Response:

@@ -27,6 +27,7 @@ from deskpod.hardware.summary import describe
 from deskpod.hardware.topology import Topology
 from deskpod.hardware.usage import Usage, UsageSampler
 from deskpod.web import render
+from deskpod.web.app import Web
 from deskpod.web.session import ROOT, Viewer, viewer
 from deskpod.web.topology_svg import link_counts, nearest_devices, nic_groups, nvlink_total, render_svg
 
@@ -40,7 +41,7 @@ SUMMARY = "home.topology"
 ANSWERS = "home.usage_answers"
 
 
-def sampler(web: Any) -> UsageSampler:
+def sampler(web: Web) -> UsageSampler:
     """The daemon's one usage sampler (made on first use, shared by every page and poll)."""
     got = web.cache.get(SAMPLER)
     if got is None:
@@ -52,7 +53,7 @@ STATUS_MAX_AGE_S = 1.0
 """While the store keeps changing (a busy queue), the holders are re-read at most this often."""
 
 
-def pod_status(web: Any, max_age_s: float = 0.0) -> dict[str, Any]:
+def pod_status(web: Web, max_age_s: float = 0.0) -> dict[str, Any]:
     """`Pod.status` (holders and counts): reused while the store is unchanged, and for up to ``max_age_s``
     while it changes — the polls pass `STATUS_MAX_AGE_S`, so any number of open pages costs at most one
     read a second; a page load passes 0 and sees the store as it is."""
@@ -70,7 +71,7 @@ def simulated(topology: Topology | None) -> bool:
     return topology is not None and topology.source.startswith("catalog:")
 
 
-def device_rows(web: Any, who: Viewer, status: dict[str, Any], usage: Usage) -> list[dict[str, Any]]:
+def device_rows(web: Web, who: Viewer, status: dict[str, Any], usage: Usage) -> list[dict[str, Any]]:
     """Each device: who holds it, and its live figures where NVML gives them."""
     topo: Topology | None = web.pod.topology
     kind = topo.kind if topo is not None else web.pod.device_kind
@@ -106,7 +107,7 @@ def counts(status: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, i
     return {"queued": status["queued"], "running": status["running"], "devices": len(devices), "free": free}
 
 
-def topology_summary(web: Any, topology: Topology) -> dict[str, Any]:
+def topology_summary(web: Web, topology: Topology) -> dict[str, Any]:
     """The facts table's data (``describe`` without the pair matrix), computed once per topology."""
     hit = web.cache.get(SUMMARY)
     if hit is not None and hit[0] is topology:
@@ -165,7 +166,7 @@ def topology_summary(web: Any, topology: Topology) -> dict[str, Any]:
     return summary
 
 
-def usage_data(web: Any, who: Viewer, max_age_s: float = 0.0) -> dict[str, Any]:
+def usage_data(web: Web, who: Viewer, max_age_s: float = 0.0) -> dict[str, Any]:
     """What the page's script polls: live figures, the devices' holders, the queue counts."""
     usage = sampler(web).latest()
     status = pod_status(web, max_age_s)
@@ -173,7 +174,7 @@ def usage_data(web: Any, who: Viewer, max_age_s: float = 0.0) -> dict[str, Any]:
     return {"usage": usage.to_json(), "devices": devices, "counts": counts(status, devices)}
 
 
-def pod_data(web: Any, who: Viewer) -> dict[str, Any]:
+def pod_data(web: Web, who: Viewer) -> dict[str, Any]:
     """The Pod page's data (and its JSON twin)."""
     data = usage_data(web, who)
     topo: Topology | None = web.pod.topology
@@ -182,7 +183,7 @@ def pod_data(web: Any, who: Viewer) -> dict[str, Any]:
     return data
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     sampler(web)  # its first /proc/stat sample now, so the first page shows a real delta
 
     @app.get("/pod.json")

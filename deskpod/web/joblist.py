@@ -35,6 +35,7 @@ from deskpod.jobs.states import REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import render
+from deskpod.web.app import Web
 from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
 
 PAGE_SIZE = 50
@@ -48,7 +49,7 @@ FORECAST_MAX_AGE_S = 1.0
 Signed = Annotated[Viewer, Depends(viewer)]
 
 
-def forecast(web: Any) -> Forecast:
+def forecast(web: Web) -> Forecast:
     """The queue's forecast, recomputed only when the store changed (and at most once a second)."""
     version, now = web.store.version, time.time()
     cached = web.cache.get("forecast")
@@ -59,7 +60,7 @@ def forecast(web: Any) -> Forecast:
     return got  # type: ignore[no-any-return]
 
 
-def progress(web: Any, job: JobRecord) -> dict[str, Any] | None:
+def progress(web: Web, job: JobRecord) -> dict[str, Any] | None:
     """Step, total steps and recent loss of a train job's run (None before it has written any)."""
     run = web.run_dir(job)
     if run is None:
@@ -79,7 +80,7 @@ def progress(web: Any, job: JobRecord) -> dict[str, Any] | None:
     }
 
 
-def _total_steps(web: Any, launch: Path) -> int | None:
+def _total_steps(web: Web, launch: Path) -> int | None:
     """``total_steps`` from the run's ``launch.json``, re-read only when the file changes."""
     st = stat_path(launch)  # the job's user may have put a link or a FIFO there
     if st is None:
@@ -96,7 +97,7 @@ def _total_steps(web: Any, launch: Path) -> int | None:
     return hit[1]
 
 
-def job_row(web: Any, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
+def job_row(web: Web, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
     """One job as the Jobs page (and its JSON twin) shows it."""
     row = job.to_json()
     queued = job.state is JobState.QUEUED and fc is not None
@@ -115,7 +116,7 @@ def job_row(web: Any, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
 
 
 def list_jobs(
-    web: Any, who: Viewer, *, user: str | None, state: str | None, name: str | None, before: int | None, limit: int
+    web: Web, who: Viewer, *, user: str | None, state: str | None, name: str | None, before: int | None, limit: int
 ) -> dict[str, Any]:
     """The Jobs page's data: filters (with a message per bad one), the page of jobs, the cursor."""
     errors: dict[str, str] = {}
@@ -151,7 +152,7 @@ def list_jobs(
     return out
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/jobs.json")
     @app.get("/jobs")
     def jobs_page(
@@ -218,7 +219,7 @@ def register(app: FastAPI, web: Any) -> None:
         return _after(request, web.pod.requeue(who.user, job_id), fields.get("next"))
 
 
-def bulk_action(web: Any, who: Viewer, action: str, ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def bulk_action(web: Web, who: Viewer, action: str, ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Cancel or requeue each job of ``ids`` as the single action does (the pod checks who may touch which):
     the jobs as each action left them, and a message per job it refused (another user's job is "not found")."""
     done: list[dict[str, Any]] = []

@@ -29,6 +29,7 @@ from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import logs, render, stacks, stream
+from deskpod.web.app import Web
 from deskpod.web.failures import failure
 from deskpod.web.joblist import progress
 from deskpod.web.runinfo import checkpoints, read_summary, resolved_config
@@ -39,7 +40,7 @@ from deskpod.web.terminal import TENSORBOARD_PORT, deskpod_line, event_folder, t
 Signed = Annotated[Viewer, Depends(viewer)]
 
 
-def job_view(web: Any, job: JobRecord, max_points: int = stream.MAX_POINTS) -> dict[str, Any]:
+def job_view(web: Web, job: JobRecord, max_points: int = stream.MAX_POINTS) -> dict[str, Any]:
     """Everything the Job page shows, and the cursor its live stream goes on from."""
     run = web.run_dir(job)
     folder = web.pod.job_folder(job)
@@ -98,12 +99,12 @@ def _page(request: Request, who: Viewer, job: JobRecord, data: dict[str, Any], s
     )
 
 
-def run_search(web: Any, job: JobRecord, q: str, regex: bool, context: int) -> dict[str, Any]:
+def run_search(web: Web, job: JobRecord, q: str, regex: bool, context: int) -> dict[str, Any]:
     files = logs.log_files(web.pod.job_folder(job), web.run_dir(job))
     return logs.search(files, q, regex=regex, context=context)
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/jobs/{job_id}/search")
     @app.get("/jobs/{job_id}/search.json")
     def search_page(

@@ -42,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from deskpod.envs.accounts import Account
 from deskpod.errors import ConfigError, ConflictError, DataError, DeskpodError, UsageError
 from deskpod.web import datasets, networks, render
+from deskpod.web.app import Web
 from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
 from deskpod.web.terminal import deskpod_line
 
@@ -119,7 +120,7 @@ def _number(raw: str, kind: type) -> int | float | str:
 
 
 def check_train(
-    web: Any, state: Mapping[str, str], summary: Mapping[str, Any]
+    web: Web, state: Mapping[str, str], summary: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The train fields as typed values, and a message per bad field (the trainer's and the device parser's)."""
     from deskpod.hardware.devices import parse_device_spec
@@ -216,7 +217,7 @@ def curl_line(spec: Mapping[str, Any], url: str) -> str:
 
 
 # --------------------------------------------------------------------------- placement and prediction
-def placement(web: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+def placement(web: Web, values: Mapping[str, Any]) -> dict[str, Any]:
     """Which devices the scheduler would give this job now, and the ring bandwidth between them."""
     from deskpod.hardware.placement import Unplaceable
 
@@ -277,7 +278,7 @@ def _plan_precision(precision: str, kind: str, machine: str | None) -> str:
     return "bf16"
 
 
-def job_layout(web: Any, k: int) -> dict[str, Any]:
+def job_layout(web: Web, k: int) -> dict[str, Any]:
     """How the trainer lays out a job of ``k`` of the pod's devices: workers × threads per worker, decided by the
     trainer's own function (`deskpod.train.launcher.pod_job_devices`), so that the prediction assumes the layout
     the job then runs (on a CPU box of one NUMA node, 2 slots are 1 worker of 2 threads, not 2 workers)."""
@@ -311,7 +312,7 @@ def job_layout(web: Any, k: int) -> dict[str, Any]:
 
 
 def prediction(
-    web: Any, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]
+    web: Web, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The plan's time for this job on this box: calibrated (machine ``local``), or the catalog machine the pod
     runs as; otherwise a plain "not calibrated" and how to calibrate (a calibration job, `deskpod.web.calibration`),
@@ -407,11 +408,11 @@ def _fashion_root() -> Path:
     return Environment.read().fashion_mnist_dir
 
 
-def _cache(web: Any, name: str) -> dict[Any, Any]:
+def _cache(web: Web, name: str) -> dict[Any, Any]:
     return web.cache.setdefault(name, {})  # type: ignore[no-any-return]
 
 
-def reader(web: Any, who: Viewer) -> Account | None:
+def reader(web: Web, who: Viewer) -> Account | None:
     """Whose rights the signed-in user's image folders are read with: on a root pod, their OS account (the one
     their jobs run as), so the dashboard shows them what their jobs could read and nothing more; else the
     dashboard's own."""
@@ -430,17 +431,17 @@ def _reading(data: str, account: Account | None, read: Callable[[], T]) -> T:
         ) from None
 
 
-def explore(web: Any, who: Viewer, data: str) -> dict[str, Any]:
+def explore(web: Web, who: Viewer, data: str) -> dict[str, Any]:
     account = reader(web, who)
     return _reading(data, account, lambda: datasets.explore(data, _cache(web, "datasets"), _fashion_root(), account))
 
 
-def network(web: Any, model: str, summary: Mapping[str, Any]) -> dict[str, Any]:
+def network(web: Web, model: str, summary: Mapping[str, Any]) -> dict[str, Any]:
     return networks.network(model, summary["input_shape"], summary["num_classes"], _cache(web, "networks"),
                             cwd=Path(web.home))  # fmt: skip
 
 
-def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info: Mapping[str, Any],
+def preview(web: Web, state: Mapping[str, str], summary: Mapping[str, Any], info: Mapping[str, Any],
             url: str) -> dict[str, Any]:  # fmt: skip
     """Step 3's live part: errors per field, placement, prediction, the job spec and its CLI and API forms."""
     values, errors = check_train(web, state, summary)
@@ -470,7 +471,7 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
     return out
 
 
-def view(web: Any, who: Viewer, state: dict[str, str], asked: str | None, url: str) -> tuple[dict[str, Any], int]:
+def view(web: Web, who: Viewer, state: dict[str, str], asked: str | None, url: str) -> tuple[dict[str, Any], int]:
     """The page's data for the step the choices reach, and its HTTP status (400 when a choice is bad)."""
     errors: dict[str, str] = {}
     step = step_of(state, asked)
@@ -506,7 +507,7 @@ def view(web: Any, who: Viewer, state: dict[str, str], asked: str | None, url: s
     return out, 400 if errors or out["error"] else 200
 
 
-def _extra(web: Any, state: dict[str, str]) -> dict[str, Any]:
+def _extra(web: Web, state: dict[str, str]) -> dict[str, Any]:
     """What only the HTML needs: links that keep the choices, and formatting."""
     from deskpod.train.config import OPTIMIZERS, PRECISIONS
 
@@ -546,7 +547,7 @@ def _pod_url(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}"
 
 
-def start(web: Any, who: Viewer, state: dict[str, str], url: str) -> tuple[dict[str, Any], int, Any]:
+def start(web: Web, who: Viewer, state: dict[str, str], url: str) -> tuple[dict[str, Any], int, Any]:
     """Check every choice, then queue the job: (page data, status, the job or None)."""
     data, status = view(web, who, state, None, url)
     if status != 200 or data["step"] != 3:
@@ -561,7 +562,7 @@ def start(web: Any, who: Viewer, state: dict[str, str], url: str) -> tuple[dict[
     return data, 201, job
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/new.json")
     @app.get("/new")
     def new_page(request: Request, who: Signed, step: Annotated[str | None, Query(max_length=1)] = None) -> Response:

@@ -58,6 +58,7 @@ from deskpod.jobs.store import JobRecord
 from deskpod.serve.images import ImagePreprocess, prepared_image
 from deskpod.train.runs import NAME_MAX, RunPaths
 from deskpod.web import render
+from deskpod.web.app import Web
 from deskpod.web.failures import failure
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
 from deskpod.web.runinfo import has_checkpoint
@@ -120,7 +121,7 @@ def loopback_address(address: object) -> str | None:
     return f"127.0.0.1:{int(port)}"
 
 
-def train_job_of(web: Any, who: Viewer, run: str) -> str | None:
+def train_job_of(web: Web, who: Viewer, run: str) -> str | None:
     """The id of the train job whose run folder ``run`` is, if it is one and the viewer may see it."""
     try:
         rel = Path(run).relative_to(web.home / "jobs").parts
@@ -144,7 +145,7 @@ def fashion_run(run: str) -> bool:
     return config.get("data") == "fashion-mnist"
 
 
-def metadata(web: Any, job: JobRecord, url: str, model: str, pid: object) -> tuple[dict[str, Any] | None, str]:
+def metadata(web: Web, job: JobRecord, url: str, model: str, pid: object) -> tuple[dict[str, Any] | None, str]:
     """The model's metadata from its server (cached while the server lives), or None and why not."""
     cache: dict[tuple[int, str, object], tuple[float, dict[str, Any] | None, str]] = web.cache.setdefault(
         "models.metadata", {}
@@ -191,7 +192,7 @@ def summarize(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> dict[str, Any]:
+def deployment(web: Web, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> dict[str, Any]:
     """One serve job as the Models page shows it: state, status, URL, readiness, the model's metadata."""
     s = dict(job.spec.serve or {})
     row: dict[str, Any] = {
@@ -256,7 +257,7 @@ def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = T
     return row
 
 
-def serve_job(web: Any, who: Viewer, job_id: str) -> JobRecord:
+def serve_job(web: Web, who: Viewer, job_id: str) -> JobRecord:
     """The viewer's deployment ``job_id``; a foreign, unknown or non-serve job is a 404."""
     job: JobRecord = web.job(who, job_id)
     if job.spec.serve is None:
@@ -264,7 +265,7 @@ def serve_job(web: Any, who: Viewer, job_id: str) -> JobRecord:
     return job
 
 
-def deployments(web: Any, who: Viewer) -> list[dict[str, Any]]:
+def deployments(web: Web, who: Viewer) -> list[dict[str, Any]]:
     """Every queued or active deployment, and the latest stopped ones (the store picks serve jobs by kind, so
     any number of other jobs after them hides none)."""
     owner = who.owner_filter()
@@ -274,7 +275,7 @@ def deployments(web: Any, who: Viewer) -> list[dict[str, Any]]:
     return [deployment(web, who, j) for j in sorted(active + stopped, key=lambda j: -j.id)]
 
 
-def deployable(web: Any, who: Viewer) -> list[dict[str, Any]]:
+def deployable(web: Web, who: Viewer) -> list[dict[str, Any]]:
     """The viewer's train jobs (an admin's: anyone's) whose run has a checkpoint, newest first, among their newest
     `SCAN_RUNS` training jobs."""
     out = []
@@ -286,7 +287,7 @@ def deployable(web: Any, who: Viewer) -> list[dict[str, Any]]:
 
 
 def models_data(
-    web: Any, who: Viewer, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
+    web: Web, who: Viewer, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """The Models page's data: the deployments, the runs that can be deployed, the Deploy form's values."""
     runs = deployable(web, who)
@@ -321,7 +322,7 @@ def _int_field(fields: dict[str, str], key: str, label: str, low: int, high: int
     return value
 
 
-def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | None, dict[str, str]]:
+def deploy(web: Web, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | None, dict[str, str]]:
     """Submit a serve job for the train job ``fields["job"]``; the errors, by field, when the form is bad."""
     errors: dict[str, str] = {}
     job_id = fields.get("job", "").strip()
@@ -481,7 +482,7 @@ async def _json_or_none(c: httpx.AsyncClient, path: str) -> dict[str, Any] | Non
     return None
 
 
-def try_data(web: Any, who: Viewer, job: JobRecord) -> dict[str, Any]:
+def try_data(web: Web, who: Viewer, job: JobRecord) -> dict[str, Any]:
     """The try page's data: the deployment, whether it has test samples, and (after a POST) the result."""
     row = deployment(web, who, job)
     fashion = fashion_run(str(row["run"] or ""))
@@ -503,7 +504,7 @@ async def _read_upload(upload: UploadFile) -> bytes:
 
 
 async def predict(
-    web: Any, request: Request, job: JobRecord, data: dict[str, Any], fields: dict[str, str]
+    web: Web, request: Request, job: JobRecord, data: dict[str, Any], fields: dict[str, str]
 ) -> dict[str, Any]:
     """Run the try form: the uploaded image or the chosen test sample through the deployment."""
     row = data["deployment"]
@@ -575,7 +576,7 @@ def _prepare_upload(
 
 
 def _prepare_sample(
-    web: Any, index: int, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
+    web: Web, index: int, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A test sample as the model's input, with its true label (a worker thread: reading t10k blocks); for an image
     model, as a PNG file."""
@@ -620,7 +621,7 @@ def _try_error(request: Request, who: Viewer, data: dict[str, Any], field: str, 
     return _try_page(request, who, data, status=status_of(e))
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/models.json")
     @app.get("/models")
     def models_page(request: Request, who: Signed) -> Response:

@@ -19,6 +19,7 @@ from deskpod.envs.userfiles import read_path, scandir_path, stat_path
 from deskpod.jobs.api import MAX_DEPTH, nesting
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths, checkpoint_step
+from deskpod.web.app import Web
 from deskpod.web.render import TEMPLATES
 from deskpod.web.series import Series
 
@@ -43,7 +44,7 @@ def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
+def resolved_config(web: Web, job: JobRecord) -> dict[str, Any] | None:
     """A train job's configuration: the run's resolved ``config.toml``, or what was submitted before the
     run resolved it. ``{"source", "values": {dotted key: value}, "items": [[key, value as text]]}``, with
     ``"error"`` for an unreadable file."""
@@ -141,7 +142,7 @@ def signature(run: Path) -> tuple[int, ...]:
     return tuple(out)
 
 
-def parts(web: Any, job: JobRecord, run: Path, s: Series) -> dict[str, str]:
+def parts(web: Web, job: JobRecord, run: Path, s: Series) -> dict[str, str]:
     """The run's sections of the Job page as HTML (escaped by the templates), by container id."""
     macros: Any = TEMPLATES.get_template("job_run.html").make_module()  # its attributes are the macros
     return {

@@ -44,6 +44,7 @@ from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import logs, runinfo
+from deskpod.web.app import Web
 from deskpod.web.series import KINDS, Series
 
 POLL_S = 0.25
@@ -111,7 +112,7 @@ def chart_points(s: Series, rows: dict[str, int], max_points: int = MAX_POINTS) 
     }
 
 
-def _reset(web: Any, s: Series, generation: int, rows: dict[str, int], max_points: int) -> dict[str, Any]:
+def _reset(web: Web, s: Series, generation: int, rows: dict[str, int], max_points: int) -> dict[str, Any]:
     """A reset's data, computed once for every tab that needs it at this position (tabs reconnecting
     together after a daemon restart, or opened together)."""
     key = ("reset", str(s.path), generation, max_points, *(rows[k] for k in KINDS))
@@ -152,13 +153,13 @@ def job_state(job: JobRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _cached_job(web: Any, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]] | None:
+def _cached_job(web: Web, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]] | None:
     """What another stream of this job already read at its ``version`` (`Store.touched`; None: nobody has)."""
     hit = web.cache.setdefault("stream.jobs", {}).get(job_id)
     return (hit[1], hit[2]) if hit is not None and hit[0] == version else None
 
 
-def _read_job(web: Any, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]]:
+def _read_job(web: Web, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]]:
     """The job and its history at its ``version`` (`Store.touched`), read once for every stream of that job."""
     cache: dict[int, tuple[int, JobRecord | None, list[dict[str, Any]]]] = web.cache.setdefault("stream.jobs", {})
     hit = _cached_job(web, job_id, version)
@@ -211,7 +212,7 @@ def _stat(path: Path) -> os.stat_result | None:
 class Follower:
     """One client's view of one job: what was sent, and what is new since."""
 
-    def __init__(self, web: Any, job: JobRecord, cursor: Cursor | None, *, max_points: int = MAX_POINTS) -> None:
+    def __init__(self, web: Web, job: JobRecord, cursor: Cursor | None, *, max_points: int = MAX_POINTS) -> None:
         self.web, self.job, self.job_id, self.max_points = web, job, job.id, max_points
         run = web.run_dir(job)
         self.run: Path | None = run
@@ -323,7 +324,7 @@ class Follower:
         return [self.event("log", {"text": chunk[:keep].decode("utf-8", "replace"), "offset": c.log})]
 
 
-def _delta(web: Any, s: Series, generation: int, start: dict[str, int], end: dict[str, int]) -> dict[str, Any]:
+def _delta(web: Web, s: Series, generation: int, start: dict[str, int], end: dict[str, int]) -> dict[str, Any]:
     """The new points between two positions of a run's metrics, computed once for every tab at ``start``."""
     key = (str(s.path), generation, *(start.get(k, 0) for k in KINDS), *(end[k] for k in KINDS))
     memo: dict[tuple[Any, ...], dict[str, Any]] = web.cache.setdefault("stream.deltas", {})
@@ -357,7 +358,7 @@ class Watch:
     summary once a second) and wakes the streams when something changed. A stream costs nothing between
     changes, however many tabs are open; the poller ends with its last stream."""
 
-    def __init__(self, web: Any, job: JobRecord, poll_s: float) -> None:
+    def __init__(self, web: Web, job: JobRecord, poll_s: float) -> None:
         self.web, self.job_id, self.poll_s = web, job.id, poll_s
         run = web.run_dir(job)
         self.run: Path | None = run
@@ -407,7 +408,7 @@ class Watch:
         self._wake()  # shutting down (or no stream left): nobody waits for ever
 
 
-def _watch(web: Any, job: JobRecord, poll_s: float) -> Watch:
+def _watch(web: Web, job: JobRecord, poll_s: float) -> Watch:
     watches: dict[int, Watch] = web.cache.setdefault("stream.watches", {})
     w = watches.get(job.id)
     if w is None or (w.streams <= 0 and w._task is not None and w._task.done()):
@@ -416,7 +417,7 @@ def _watch(web: Any, job: JobRecord, poll_s: float) -> Watch:
 
 
 async def job_events(
-    web: Any,
+    web: Web,
     job: JobRecord,
     cursor: Cursor | None,
     disconnected: Callable[[], Awaitable[bool]],
