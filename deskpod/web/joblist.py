@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -60,7 +61,19 @@ def forecast(web: Web) -> Forecast:
     return got  # type: ignore[no-any-return]
 
 
-def progress(web: Web, job: JobRecord) -> dict[str, Any] | None:
+@dataclass
+class Progress:
+    """How far a train job's run has got."""
+
+    step: int
+    total_steps: int | None
+    fraction: float | None
+    loss: list[float]
+    """The train loss, downsampled to `SPARK_POINTS` (the Jobs page's sparkline)."""
+    last_loss: float | None
+
+
+def progress(web: Web, job: JobRecord) -> Progress | None:
     """Step, total steps and recent loss of a train job's run (None before it has written any)."""
     run = web.run_dir(job)
     if run is None:
@@ -71,13 +84,8 @@ def progress(web: Web, job: JobRecord) -> dict[str, Any] | None:
     step = series.last("train", "step") or 0
     total = _total_steps(web, RunPaths(run).launch)
     loss = [p[1] for p in series.points("train", "loss", max_points=SPARK_POINTS)]
-    return {
-        "step": int(step),
-        "total_steps": total,
-        "fraction": min(1.0, step / total) if total else None,
-        "loss": loss,
-        "last_loss": series.last("train", "loss"),
-    }
+    fraction = min(1.0, step / total) if total else None
+    return Progress(int(step), total, fraction, loss, series.last("train", "loss"))
 
 
 def _total_steps(web: Web, launch: Path) -> int | None:
@@ -115,10 +123,26 @@ def job_row(web: Web, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
     return row
 
 
+@dataclass
+class JobsPage:
+    """The Jobs page's data: filters (with a message per bad one), the page of jobs, the cursor."""
+
+    filters: dict[str, str]
+    errors: dict[str, str]
+    states: list[str]
+    users: list[str]
+    counts: dict[str, int] | None
+    """Jobs per state in the whole pod (admins only)."""
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    """`job_row` of each job of the page."""
+    total: int = 0
+    next: str | None = None
+    """The ``before=`` cursor of the next page, None on the last."""
+
+
 def list_jobs(
     web: Web, who: Viewer, *, user: str | None, state: str | None, name: str | None, before: int | None, limit: int
-) -> dict[str, Any]:
-    """The Jobs page's data: filters (with a message per bad one), the page of jobs, the cursor."""
+) -> JobsPage:
     errors: dict[str, str] = {}
     states = None
     owner = who.owner_filter()
@@ -132,23 +156,20 @@ def list_jobs(
             owner = visible_owner(who.user, user)
         except DeskpodError as e:
             errors["user"] = str(e)
-    out: dict[str, Any] = {
-        "filters": {"user": user or "", "state": state or "", "name": name or ""},
-        "errors": errors,
-        "states": [s.value for s in JobState],
-        "users": [u.name for u in web.store.users()] if who.user.admin else [who.user.name],
-        "counts": web.store.counts() if who.user.admin else None,
-        "jobs": [],
-        "total": 0,
-        "next": None,
-    }
+    out = JobsPage(
+        filters={"user": user or "", "state": state or "", "name": name or ""},
+        errors=errors,
+        states=[s.value for s in JobState],
+        users=[u.name for u in web.store.users()] if who.user.admin else [who.user.name],
+        counts=web.store.counts() if who.user.admin else None,
+    )
     if errors:
         return out
     jobs = web.store.jobs(user=owner, states=states, name=name or None, before=before, limit=limit)
     fc = forecast(web) if any(j.state is JobState.QUEUED for j in jobs) else None
-    out["jobs"] = [job_row(web, j, fc) for j in jobs]
-    out["total"] = web.store.count(user=owner, states=states, name=name or None)
-    out["next"] = str(jobs[-1].id) if len(jobs) == limit else None
+    out.jobs = [job_row(web, j, fc) for j in jobs]
+    out.total = web.store.count(user=owner, states=states, name=name or None)
+    out.next = str(jobs[-1].id) if len(jobs) == limit else None
     return out
 
 
@@ -165,13 +186,13 @@ def register(app: FastAPI, web: Web) -> None:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE_SIZE,
     ) -> Response:
         data = list_jobs(web, who, user=user, state=state, name=name, before=before, limit=limit)
-        status = 400 if data["errors"] else 200
-        keep = {k: v for k, v in data["filters"].items() if v}
+        status = 400 if data.errors else 200
+        keep = {k: v for k, v in data.filters.items() if v}
         extra = {
             "now": time.time(),
             "request_before": before is not None,
             "first_query": urlencode(keep),
-            "next_query": urlencode({**keep, "before": data["next"]}) if data["next"] else "",
+            "next_query": urlencode({**keep, "before": data.next}) if data.next else "",
         }
         return render.page(request, "jobs.html", data, who, title="Jobs", status=status, extra=extra)
 

@@ -39,6 +39,7 @@ import io
 import json
 import time
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -192,68 +193,96 @@ def summarize(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def deployment(web: Web, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> dict[str, Any]:
+@dataclass
+class Deployment:
     """One serve job as the Models page shows it: state, status, URL, readiness, the model's metadata."""
+
+    id: str
+    name: str
+    user: str
+    state: str
+    reason: str
+    devices: int
+    assigned: list[int]
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    model: str | None
+    format: str | None
+    max_batch_size: int | None
+    run: str | None
+    run_name: str
+    train_job: str | None
+    """The id of the train job whose run this serves, if the viewer may see it."""
+    image_input: bool
+    can_stop: bool
+    url: str | None = None
+    grpc: str | None = None
+    pid: int | None = None
+    ready: bool = False
+    status: str = "queued"
+    """queued, starting, ready, error, stopping, stopped or failed."""
+    detail: str = ""
+    metadata: dict[str, Any] | None = None
+    """`summarize` of the model's metadata, once it is ready."""
+
+
+def deployment(web: Web, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> Deployment:
     s = dict(job.spec.serve or {})
-    row: dict[str, Any] = {
-        "id": str(job.id),
-        "name": job.name,
-        "user": job.user,
-        "state": job.state.value,
-        "reason": job.reason,
-        "devices": job.devices,
-        "assigned": list(job.assigned),
-        "submitted_at": job.submitted_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-        "model": s.get("model"),
-        "format": s.get("format"),
-        "max_batch_size": s.get("max_batch_size"),
-        "run": s.get("run"),
-        "run_name": Path(str(s.get("run", ""))).name,
-        "train_job": train_job_of(web, who, str(s.get("run", ""))),
-        "image_input": bool(s.get("image_input")),
-        "url": None,
-        "grpc": None,
-        "pid": None,
-        "ready": False,
-        "status": "queued",
-        "detail": job.reason,
-        "metadata": None,
-        "can_stop": job.state in ACTIVE and not job.stop_reason,
-    }
+    row = Deployment(
+        id=str(job.id),
+        name=job.name,
+        user=job.user,
+        state=job.state.value,
+        reason=job.reason,
+        devices=job.devices,
+        assigned=list(job.assigned),
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        model=s.get("model"),
+        format=s.get("format"),
+        max_batch_size=s.get("max_batch_size"),
+        run=s.get("run"),
+        run_name=Path(str(s.get("run", ""))).name,
+        train_job=train_job_of(web, who, str(s.get("run", ""))),
+        image_input=bool(s.get("image_input")),
+        can_stop=job.state in ACTIVE and not job.stop_reason,
+        detail=job.reason,
+    )
     if job.state is JobState.FAILED:  # why, as the serve job's deskpod said it; not just its exit code
-        row.update(status="failed", detail=failure(web, job) or job.reason or "failed")
+        row.status, row.detail = "failed", failure(web, job) or job.reason or "failed"
         return row
     if job.state not in ACTIVE:
-        row.update(status="stopped", detail=job.reason if job.reason not in ("", job.state.value) else "not serving")
+        row.status, row.detail = "stopped", job.reason if job.reason not in ("", job.state.value) else "not serving"
         return row
     if job.stop_reason:
-        row.update(status="stopping", detail=f"stopping ({job.stop_reason})")
+        row.status, row.detail = "stopping", f"stopping ({job.stop_reason})"
         return row
     if job.state is JobState.QUEUED:
         return row
     doc = read_port_file(web.pod.job_folder(job) / "serve.json", job.started_at)
     url = loopback_url(doc.get("url")) if doc else None
-    row["status"], row["detail"] = "starting", "exporting the run's latest checkpoint"
+    row.status, row.detail = "starting", "exporting the run's latest checkpoint"
     if doc is None or url is None:
         return row
-    row["url"], row["pid"], row["grpc"] = url, doc.get("pid"), loopback_address(doc.get("grpc"))
+    row.url, row.pid, row.grpc = url, doc.get("pid"), loopback_address(doc.get("grpc"))
     if not doc.get("ready"):
-        row["detail"] = "loading the model"
+        row.detail = "loading the model"
         return row
-    model = str(row["model"])
+    model = str(row.model)
     if model not in (doc.get("models") or []):
         why = (doc.get("unavailable") or {}).get(model, "it is not among the server's models")
-        row.update(status="error", detail=f"the model did not load: {why}")
+        row.status, row.detail = "error", f"the model did not load: {why}"
         return row
-    row.update(status="ready", ready=True, detail="serving")
+    row.status, row.ready, row.detail = "ready", True, "serving"
     if with_metadata:
         meta, error = metadata(web, job, url, model, doc.get("pid"))
         if meta is None:
-            row.update(status="error", ready=False, detail=f"the server does not give the model's metadata: {error}")
+            row.status, row.ready = "error", False
+            row.detail = f"the server does not give the model's metadata: {error}"
         else:
-            row["metadata"] = summarize(meta)
+            row.metadata = summarize(meta)
     return row
 
 
@@ -265,7 +294,7 @@ def serve_job(web: Web, who: Viewer, job_id: str) -> JobRecord:
     return job
 
 
-def deployments(web: Web, who: Viewer) -> list[dict[str, Any]]:
+def deployments(web: Web, who: Viewer) -> list[Deployment]:
     """Every queued or active deployment, and the latest stopped ones (the store picks serve jobs by kind, so
     any number of other jobs after them hides none)."""
     owner = who.owner_filter()
@@ -286,28 +315,34 @@ def deployable(web: Web, who: Viewer) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass
+class ModelsPage:
+    """The Models page's data (twin ``/ui/models.json``): the deployments, the runs that can be deployed, the Deploy
+    form's values and the errors by field."""
+
+    deployments: list[Deployment]
+    runs: list[dict[str, Any]]
+    formats: list[str]
+    device_count: int
+    device_kind: str
+    form: dict[str, Any]
+    errors: dict[str, str]
+    error: str | None = render.unless_none()
+
+
 def models_data(
     web: Web, who: Viewer, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """The Models page's data: the deployments, the runs that can be deployed, the Deploy form's values."""
+) -> ModelsPage:
     runs = deployable(web, who)
     values: dict[str, Any] = {"job": runs[0]["id"] if runs else "", "devices": "1", "format": FORMATS[0],
                               "max_batch_size": "32", "image_input": False, "grpc": False}  # fmt: skip
     values.update({k: v for k, v in (form or {}).items() if k in values})
     for flag in ("image_input", "grpc"):  # a checkbox sends "true" when ticked and nothing when not
         values[flag] = values[flag] in (True, "true")
-    data: dict[str, Any] = {
-        "deployments": deployments(web, who),
-        "runs": runs,
-        "formats": list(FORMATS),
-        "device_count": web.pod.device_count,
-        "device_kind": web.pod.device_kind,
-        "form": values,
-        "errors": errors or {},
-    }
-    if errors:
-        data["error"] = next(iter(errors.values()))
-    return data
+    return ModelsPage(
+        deployments(web, who), runs, list(FORMATS), web.pod.device_count, web.pod.device_kind, values, errors or {},
+        error=next(iter(errors.values())) if errors else None,
+    )  # fmt: skip
 
 
 def _int_field(fields: dict[str, str], key: str, label: str, low: int, high: int, errors: dict[str, str]) -> int:
@@ -482,18 +517,23 @@ async def _json_or_none(c: httpx.AsyncClient, path: str) -> dict[str, Any] | Non
     return None
 
 
-def try_data(web: Web, who: Viewer, job: JobRecord) -> dict[str, Any]:
+@dataclass
+class TryPage:
     """The try page's data: the deployment, whether it has test samples, and (after a POST) the result."""
+
+    deployment: Deployment
+    samples: int
+    """How many Fashion-MNIST test samples can be picked (0: the run was not trained on it)."""
+    max_upload_bytes: int
+    form: dict[str, str] = field(default_factory=lambda: {"sample": ""})
+    result: dict[str, Any] | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+    error: str | None = render.unless_none()
+
+
+def try_data(web: Web, who: Viewer, job: JobRecord) -> TryPage:
     row = deployment(web, who, job)
-    fashion = fashion_run(str(row["run"] or ""))
-    return {
-        "deployment": row,
-        "samples": TEST_SAMPLES if fashion else 0,
-        "max_upload_bytes": MAX_UPLOAD_BYTES,
-        "form": {"sample": ""},
-        "result": None,
-        "errors": {},
-    }
+    return TryPage(row, TEST_SAMPLES if fashion_run(str(row.run or "")) else 0, MAX_UPLOAD_BYTES)
 
 
 async def _read_upload(upload: UploadFile) -> bytes:
@@ -503,19 +543,17 @@ async def _read_upload(upload: UploadFile) -> bytes:
     return data
 
 
-async def predict(
-    web: Web, request: Request, job: JobRecord, data: dict[str, Any], fields: dict[str, str]
-) -> dict[str, Any]:
+async def predict(web: Web, request: Request, job: JobRecord, data: TryPage, fields: dict[str, str]) -> dict[str, Any]:
     """Run the try form: the uploaded image or the chosen test sample through the deployment."""
-    row = data["deployment"]
-    if row["status"] != "ready":
+    row = data.deployment
+    if row.status != "ready" or row.url is None:
         raise ConflictError(
-            f"deployment {row['id']} is {row['status']} ({row['detail']}); "
-            + ("try it once it is ready" if row["status"] in ("queued", "starting") else "deploy the run again")
+            f"deployment {row.id} is {row.status} ({row.detail}); "
+            + ("try it once it is ready" if row.status in ("queued", "starting") else "deploy the run again")
         )
-    full, error = metadata(web, job, row["url"], str(row["model"]), row["pid"])
+    full, error = metadata(web, job, row.url, str(row.model), row.pid)
     if full is None:
-        raise ConflictError(f"deployment {row['id']} does not give its model's metadata: {error}")
+        raise ConflictError(f"deployment {row.id} does not give its model's metadata: {error}")
     encoded = image_input(full)
     name, c, h, w = (encoded, 0, 0, 0) if encoded else input_spec(full)
     as_image = full if encoded else None
@@ -528,7 +566,7 @@ async def predict(
             raise _FieldError("image", e) from None
         got = await run_in_threadpool(_prepare_upload, raw, str(upload.filename), c, h, w, as_image)
     elif fields.get("sample", "").strip():
-        if not data["samples"]:
+        if not data.samples:
             raise _FieldError(
                 "sample", ConfigError("this run was not trained on Fashion-MNIST: it has no test samples")
             )
@@ -540,7 +578,7 @@ async def predict(
     else:
         raise _FieldError("image", ConfigError("choose an image file to upload, or a test sample number"))
     x, source, shape = got.pop("x"), got.pop("source"), got.pop("shape")
-    result = await infer(row["url"], str(row["model"]), full, x, name)
+    result = await infer(row.url, str(row.model), full, x, name)
     result["input"] = {**source, "shape": shape}
     if source["source"] == "sample":
         result["correct"] = bool(result["top"] and result["top"][0]["index"] == source["true_index"])
@@ -606,18 +644,17 @@ class _FieldError(Exception):
         self.error = error
 
 
-def _try_page(request: Request, who: Viewer, data: dict[str, Any], *, status: int = 200, extra: Any = None) -> Response:
-    row = data["deployment"]
+def _try_page(request: Request, who: Viewer, data: TryPage, *, status: int = 200, extra: Any = None) -> Response:
     return render.page(
-        request, "try.html", data, who, title=f"Try {row['model']}", status=status,
+        request, "try.html", data, who, title=f"Try {data.deployment.model}", status=status,
         extra={"shown": None, "seen": None, **(extra or {})},
     )  # fmt: skip
 
 
-def _try_error(request: Request, who: Viewer, data: dict[str, Any], field: str, e: DeskpodError) -> Response:
+def _try_error(request: Request, who: Viewer, data: TryPage, field: str, e: DeskpodError) -> Response:
     """The try page again, with the message next to the field it is about (or above the forms)."""
-    data["errors"] = {field or "form": str(e)}
-    data["error"] = str(e)
+    data.errors = {field or "form": str(e)}
+    data.error = str(e)
     return _try_page(request, who, data, status=status_of(e))
 
 
@@ -635,7 +672,7 @@ def register(app: FastAPI, web: Web) -> None:
             data = await run_in_threadpool(models_data, web, who, fields, errors)  # it may ask servers for metadata
             return render.page(request, "models.html", data, who, title="Models", status=400)
         if render.wants_json(request):
-            return JSONResponse(deployment(web, who, job, with_metadata=False), status_code=201)
+            return render.json_response(deployment(web, who, job, with_metadata=False), 201)
         return RedirectResponse(f"{ROOT}/models#deployment-{job.id}", status_code=303)
 
     @app.get("/models/{job_id}/try.json")
@@ -654,16 +691,14 @@ def register(app: FastAPI, web: Web) -> None:
         fields = await form_csrf(request, who)
         job = serve_job(web, who, job_id)
         data = await run_in_threadpool(try_data, web, who, job)  # it may ask the server for metadata
-        data["form"] = {"sample": fields.get("sample", "")}
+        data.form = {"sample": fields.get("sample", "")}
         try:
             got = await predict(web, request, job, data, fields)
         except _FieldError as e:
             return _try_error(request, who, data, e.field, e.error)
         except DeskpodError as e:
             return _try_error(request, who, data, "", e)
-        data["result"] = got["result"]
+        data.result = got["result"]
         if render.wants_json(request):
-            return JSONResponse(
-                {**got["result"], "deployment": data["deployment"]["id"], "model": data["deployment"]["model"]}
-            )
+            return JSONResponse({**got["result"], "deployment": data.deployment.id, "model": data.deployment.model})
         return _try_page(request, who, data, extra={"shown": got["shown"], "seen": got["seen"]})

@@ -89,20 +89,33 @@ def series_id(kind: str, key: str) -> str:
     return f"{kind}/{key}"
 
 
-def chart_defs() -> list[dict[str, Any]]:
-    """The charts as the page's script builds them (points filled in by `chart_points`)."""
-    return [
-        {
-            "id": c.id,
-            "title": c.title,
-            "unit": c.unit,
-            "series": [
-                {"id": series_id(kind, key), "label": label, "color": f"--s{i + 1}"}
-                for i, (kind, key, label) in enumerate(c.series)
-            ],
-        }
-        for c in CHARTS
-    ]
+@dataclass
+class ChartLine:
+    """One line of a chart: a series of ``[x, y]`` points, drawn in colour ``color`` (``--s1`` ..)."""
+
+    id: str
+    label: str
+    color: str
+    points: list[list[float]]
+
+
+@dataclass
+class Chart:
+    """A chart as the page's script draws it."""
+
+    id: str
+    title: str
+    unit: str
+    series: list[ChartLine]
+
+
+def charts(points: dict[str, list[list[float]]]) -> list[Chart]:
+    """The Job page's charts over ``points`` (`chart_points`)."""
+
+    def line(i: int, kind: str, key: str, label: str) -> ChartLine:
+        return ChartLine(series_id(kind, key), label, f"--s{i + 1}", points[series_id(kind, key)])
+
+    return [Chart(c.id, c.title, c.unit, [line(i, *s) for i, s in enumerate(c.series)]) for c in CHARTS]
 
 
 def chart_points(s: Series, rows: dict[str, int], max_points: int = MAX_POINTS) -> dict[str, list[list[float]]]:
