@@ -25,6 +25,7 @@ from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.web.app import Web
 from deskpod.web.failures import failure
+from deskpod.web.session import Viewer
 
 JOB_NAME = "calibrate"
 OUTPUT = "local.json"
@@ -65,7 +66,7 @@ def _remember(web: Web, job: JobRecord | None) -> None:
     os.replace(tmp, path)
 
 
-def start(web: Web, who: Any) -> JobRecord:
+def start(web: Web, who: Viewer) -> JobRecord:
     """Queue the calibration job as ``who`` (or return the one already queued or running: one at a time)."""
     current = waiting_job(web)
     if current is not None and (current.state is JobState.QUEUED or current.state.active):

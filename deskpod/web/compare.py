@@ -87,7 +87,7 @@ class CompareRun:
 
 def _run(web: Web, job: JobRecord, i: int) -> tuple[CompareRun, Series | None]:
     run = web.run_dir(job)
-    config = resolved_config(web, job) or {"source": "", "values": {}}
+    config = resolved_config(web, job)
     summary = read_summary(run) or {}
     series = web.series.get(RunPaths(run).metrics) if run is not None else None
     last = {
@@ -103,8 +103,8 @@ def _run(web: Web, job: JobRecord, i: int) -> tuple[CompareRun, Series | None]:
         label=f"job {job.id} · {job.name}",
         color=f"--s{i % COLORS + 1}",
         run=None if run is None else str(run),
-        config_source=config["source"],
-        config=config["values"],
+        config_source="" if config is None else config.source,
+        config={} if config is None else config.values,
         summary={k: summary.get(k) for k, _ in FINAL_KEYS},
         last=last,
     )

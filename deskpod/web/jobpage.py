@@ -33,7 +33,7 @@ from deskpod.web import logs, render, stacks, stream
 from deskpod.web.app import Web
 from deskpod.web.failures import failure
 from deskpod.web.joblist import Progress, progress
-from deskpod.web.runinfo import checkpoints, read_summary, resolved_config
+from deskpod.web.runinfo import Checkpoint, RunConfig, checkpoints, read_summary, resolved_config
 from deskpod.web.series import KINDS
 from deskpod.web.session import ROOT, SignedIn, Viewer, form_csrf, viewer
 from deskpod.web.terminal import TENSORBOARD_PORT, deskpod_line, event_folder, tensorboard_line
@@ -66,8 +66,7 @@ class JobPage:
 
     job: dict[str, Any]
     """`JobRecord.to_json`."""
-    live: dict[str, Any]
-    """`stream.job_state`: what the stream's ``state`` events replace."""
+    live: stream.Live
     run: str | None
     progress: Progress | None
     charts: list[stream.Chart]
@@ -75,8 +74,8 @@ class JobPage:
     events_url: str
     log: LogTail
     log_files: list[str]
-    checkpoints: list[dict[str, Any]]
-    config: dict[str, Any] | None
+    checkpoints: list[Checkpoint]
+    config: RunConfig | None
     failure: str | None
     summary: dict[str, Any] | None
     commands: Commands
@@ -91,7 +90,7 @@ def job_view(web: Web, job: JobRecord, max_points: int = stream.MAX_POINTS) -> J
     folder = web.pod.job_folder(job)
     cursor = stream.Cursor()
     charts: list[stream.Chart] = []
-    ckpts: list[dict[str, Any]] = []
+    ckpts: list[Checkpoint] = []
     if run is not None:
         metrics = RunPaths(run).metrics
         st = stat_path(metrics)  # before reading: a file replaced meanwhile resets the stream

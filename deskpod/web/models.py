@@ -173,24 +173,36 @@ def metadata(web: Web, job: JobRecord, url: str, model: str, pid: object) -> tup
     return got, error
 
 
-def summarize(meta: dict[str, Any]) -> dict[str, Any]:
-    """What the page shows of a model's metadata: its tensors and how many labels it has."""
+@dataclass
+class Tensor:
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass
+class ModelInfo:
+    """What the page shows of a model's metadata (KServe v2): its tensors and how many labels it has."""
+
+    platform: str | None
+    versions: list[str]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    labels: int
+
+
+def summarize(meta: dict[str, Any]) -> ModelInfo:
     labels = (meta.get("parameters") or {}).get("labels") or []
 
-    def tensors(key: str) -> list[dict[str, Any]]:
+    def tensors(key: str) -> list[Tensor]:
         return [
-            {"name": str(t.get("name")), "datatype": str(t.get("datatype")), "shape": list(t.get("shape") or [])}
+            Tensor(str(t.get("name")), str(t.get("datatype")), list(t.get("shape") or []))
             for t in meta.get(key) or []
             if isinstance(t, dict)
         ]
 
-    return {
-        "platform": meta.get("platform"),
-        "versions": list(meta.get("versions") or []),
-        "inputs": tensors("inputs"),
-        "outputs": tensors("outputs"),
-        "labels": len(labels),
-    }
+    platform, versions = meta.get("platform"), list(meta.get("versions") or [])
+    return ModelInfo(platform, versions, tensors("inputs"), tensors("outputs"), len(labels))
 
 
 @dataclass
@@ -223,7 +235,7 @@ class Deployment:
     status: str = "queued"
     """queued, starting, ready, error, stopping, stopped or failed."""
     detail: str = ""
-    metadata: dict[str, Any] | None = None
+    metadata: ModelInfo | None = None
     """`summarize` of the model's metadata, once it is ready."""
 
 
@@ -543,8 +555,11 @@ async def _read_upload(upload: UploadFile) -> bytes:
     return data
 
 
-async def predict(web: Web, request: Request, job: JobRecord, data: TryPage, fields: dict[str, str]) -> dict[str, Any]:
-    """Run the try form: the uploaded image or the chosen test sample through the deployment."""
+async def predict(
+    web: Web, request: Request, job: JobRecord, data: TryPage, fields: dict[str, str]
+) -> tuple[dict[str, Any], Prepared]:
+    """Run the try form: the uploaded image or the chosen test sample through the deployment; the result, and the
+    input as sent."""
     row = data.deployment
     if row.status != "ready" or row.url is None:
         raise ConflictError(
@@ -577,12 +592,11 @@ async def predict(web: Web, request: Request, job: JobRecord, data: TryPage, fie
         got = await run_in_threadpool(_prepare_sample, web, index, c, h, w, as_image)
     else:
         raise _FieldError("image", ConfigError("choose an image file to upload, or a test sample number"))
-    x, source, shape = got.pop("x"), got.pop("source"), got.pop("shape")
-    result = await infer(row.url, str(row.model), full, x, name)
-    result["input"] = {**source, "shape": shape}
-    if source["source"] == "sample":
-        result["correct"] = bool(result["top"] and result["top"][0]["index"] == source["true_index"])
-    return {"result": result, **got}
+    result = await infer(row.url, str(row.model), full, got.x, name)
+    result["input"] = {**got.source, "shape": got.shape}
+    if got.source["source"] == "sample":
+        result["correct"] = bool(result["top"] and result["top"][0]["index"] == got.source["true_index"])
+    return result, got
 
 
 def _model_input(
@@ -598,9 +612,24 @@ def _model_input(
     return x, seen, list(x.shape)
 
 
+@dataclass
+class Prepared:
+    """An input of the try form, ready to send: the request's tensor, where it came from, and pictures of it."""
+
+    x: np.ndarray
+    source: dict[str, Any]
+    """``{"source": "upload", "filename", "width", "height"}`` or ``{"source": "sample", "sample", "true_label",
+    "true_index"}``."""
+    shape: list[int]
+    shown: str
+    """The picture as a data URL."""
+    seen: str | None
+    """What the network sees, where that differs (resized, grey)."""
+
+
 def _prepare_upload(
     raw: bytes, filename: str, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
-) -> dict[str, Any]:
+) -> Prepared:
     """Decode an upload and make the model's input of it (a worker thread: PIL work blocks)."""
     try:
         im = decode_image(raw)  # refused here, next to the field, before anything is sent
@@ -609,13 +638,10 @@ def _prepare_upload(
     x, seen, shape = _model_input(raw, im, c, h, w, as_image)
     source = {"source": "upload", "filename": filename, "width": im.width, "height": im.height}
     shown = data_url(im, 112, upscale=True) if max(im.size) < 112 else data_url(im)
-    return {"x": x, "source": source, "shape": shape, "shown": shown,
-            "seen": None if seen is None else data_url(seen, 112, upscale=True)}  # fmt: skip
+    return Prepared(x, source, shape, shown, None if seen is None else data_url(seen, 112, upscale=True))
 
 
-def _prepare_sample(
-    web: Web, index: int, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def _prepare_sample(web: Web, index: int, c: int, h: int, w: int, as_image: dict[str, Any] | None = None) -> Prepared:
     """A test sample as the model's input, with its true label (a worker thread: reading t10k blocks); for an image
     model, as a PNG file."""
     im, label, label_name = test_sample(web, index)
@@ -626,13 +652,10 @@ def _prepare_sample(
         raw = buf.getvalue()
     x, seen, shape = _model_input(raw, im, c, h, w, as_image)
     source = {"source": "sample", "sample": index, "true_label": label_name, "true_index": label}
-    return {
-        "x": x,
-        "source": source,
-        "shape": shape,
-        "shown": data_url(im, 112, upscale=True),
-        "seen": None if seen is None or seen.size == im.size else data_url(seen, 112, upscale=True),
-    }
+    shown = data_url(im, 112, upscale=True)
+    return Prepared(
+        x, source, shape, shown, None if seen is None or seen.size == im.size else data_url(seen, 112, upscale=True)
+    )
 
 
 class _FieldError(Exception):
@@ -693,12 +716,12 @@ def register(app: FastAPI, web: Web) -> None:
         data = await run_in_threadpool(try_data, web, who, job)  # it may ask the server for metadata
         data.form = {"sample": fields.get("sample", "")}
         try:
-            got = await predict(web, request, job, data, fields)
+            result, got = await predict(web, request, job, data, fields)
         except _FieldError as e:
             return _try_error(request, who, data, e.field, e.error)
         except DeskpodError as e:
             return _try_error(request, who, data, "", e)
-        data.result = got["result"]
+        data.result = result
         if render.wants_json(request):
-            return JSONResponse({**got["result"], "deployment": data.deployment.id, "model": data.deployment.model})
-        return _try_page(request, who, data, extra={"shown": got["shown"], "seen": got["seen"]})
+            return JSONResponse({**result, "deployment": data.deployment.id, "model": data.deployment.model})
+        return _try_page(request, who, data, extra={"shown": got.shown, "seen": got.seen})

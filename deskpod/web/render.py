@@ -29,16 +29,13 @@ if TYPE_CHECKING:
     PageData = DataclassInstance | Mapping[str, Any]
 
 
-def twin(data: object) -> Any:
-    """The JSON form of what a page shows: a dataclass as an object of its fields (nested ones too), less the
-    `unless_none` fields that are None."""
+def twin(data: object) -> dict[str, Any]:
+    """The JSON form of what a page shows (``json.dumps``'s ``default``): a dataclass as an object of its fields,
+    less the `unless_none` fields that are None."""
     if not dataclasses.is_dataclass(data) or isinstance(data, type):
         raise TypeError(f"{type(data).__name__} is not JSON serializable")
-    out = dataclasses.asdict(data)
-    for f in dataclasses.fields(data):
-        if f.metadata.get("twin") == "unless_none" and out[f.name] is None:
-            del out[f.name]
-    return out
+    fields = ((f, getattr(data, f.name)) for f in dataclasses.fields(data))
+    return {f.name: v for f, v in fields if v is not None or f.metadata.get("twin") != "unless_none"}
 
 
 def unless_none() -> Any:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,7 +42,7 @@ from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
-from deskpod.web import logs, runinfo
+from deskpod.web import logs, render, runinfo
 from deskpod.web.app import Web
 from deskpod.web.series import KINDS, Series
 
@@ -143,27 +142,51 @@ def is_final(job: JobRecord) -> bool:
     return job.state in (JobState.SUCCEEDED, JobState.CANCELLED) or (job.state in FINAL and job.failures > job.retries)
 
 
-def job_state(job: JobRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The part of the Job page that changes with the job's state (the header, its buttons, its history)."""
+@dataclass
+class Live:
+    """The part of the Job page that changes with the job's state (the header, its buttons, its history): what a
+    ``state`` event sends."""
+
+    id: str
+    state: str
+    reason: str
+    devices: int
+    assigned: list[int]
+    attempt: int
+    exit_code: int | None
+    stopping: str | None
+    """Why the job is being stopped (None: it is not)."""
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    active: bool
+    final: bool
+    can_cancel: bool
+    can_requeue: bool
+    events: list[dict[str, Any]]
+    """`Store.events`: its history."""
+
+
+def job_state(job: JobRecord, events: list[dict[str, Any]]) -> Live:
     active = job.state.active
-    return {
-        "id": str(job.id),
-        "state": job.state.value,
-        "reason": job.reason,
-        "devices": job.devices,
-        "assigned": list(job.assigned),
-        "attempt": job.attempt,
-        "exit_code": job.exit_code,
-        "stopping": job.stop_reason,
-        "submitted_at": job.submitted_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-        "active": active,
-        "final": is_final(job),
-        "can_cancel": (job.state is JobState.QUEUED or active) and not job.stop_reason,
-        "can_requeue": job.state in REQUEUABLE or active,
-        "events": events,
-    }
+    return Live(
+        id=str(job.id),
+        state=job.state.value,
+        reason=job.reason,
+        devices=job.devices,
+        assigned=list(job.assigned),
+        attempt=job.attempt,
+        exit_code=job.exit_code,
+        stopping=job.stop_reason,
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        active=active,
+        final=is_final(job),
+        can_cancel=(job.state is JobState.QUEUED or active) and not job.stop_reason,
+        can_requeue=job.state in REQUEUABLE or active,
+        events=events,
+    )
 
 
 def _cached_job(web: Web, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]] | None:
@@ -234,7 +257,7 @@ class Follower:
         self.log = web.pod.job_folder(job) / "output.log"
         self.cursor = cursor or Cursor()
         self.version = -1
-        self.header: dict[str, Any] | None = None
+        self.header: Live | None = None
         self.final = False
         self._metrics_sig: tuple[int, int, int] | bool | None = False  # False: never looked
         self._series: Series | None = None
@@ -246,7 +269,7 @@ class Follower:
         if hit is not None and hit[0] is data:  # a shared delta (`_delta`): encoded once for every tab
             body = hit[1]
         else:
-            body = json.dumps(data, separators=(",", ":"), allow_nan=False)
+            body = render.json_text(data, separators=(",", ":"), allow_nan=False)
             if name in ("metrics", "reset"):
                 if len(bodies) > 1024:
                     bodies.clear()
@@ -265,7 +288,7 @@ class Follower:
                 self.final = True
             else:
                 head = job_state(job, events)
-                self.final = bool(head["final"])
+                self.final = head.final
                 if head != self.header:
                     self.header = head
                     out.append(self.event("state", head))
@@ -461,7 +484,7 @@ async def job_events(
                 last_sent = now
                 continue  # step again at once: the rest of a long log, or the end of a job that just ended
             if follower.final:  # nothing new after the job ended: everything was sent
-                yield follower.event("end", {"state": (follower.header or {}).get("state")})
+                yield follower.event("end", {"state": follower.header.state if follower.header else None})
                 return
             if now - last_sent >= heartbeat_s:
                 yield ": keep-alive\n\n"

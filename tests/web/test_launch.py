@@ -479,17 +479,16 @@ def test_a_job_that_must_wait_or_can_never_fit(tmp_path: Path) -> None:
     state = launch.read_state({**STEP3, "devices": "2"})
     waits = launch.preview(_fake_web(tmp_path, busy, held=(0, 1, 2)), state, SUMMARY, INFO, "http://x")
     assert asked == [([3], 2, "best")]  # the devices free now, the count asked, the pod's default policy
-    assert waits["errors"] == {} and waits["placement"]["text"] == "It would wait: needs 2 free slots; 1 is free."
-    assert "1 job is queued now" in waits["placement"]["note"] and waits["cli"]
+    assert waits.errors == {} and waits.placement is not None
+    assert waits.placement.text == "It would wait: needs 2 free slots; 1 is free."
+    assert "1 job is queued now" in waits.placement.note and waits.cli
 
     def never(free: Any, k: int, policy: str) -> Unplaceable:
         return Unplaceable("needs 2 NVLink-connected GPUs; none are linked", ever=False)
 
     refused = launch.preview(_fake_web(tmp_path, never), state, SUMMARY, INFO, "http://x")
-    assert refused["errors"] == {
-        "devices": "job can never fit this box: needs 2 NVLink-connected GPUs; none are linked"
-    }
-    assert refused["spec"] is None
+    assert refused.errors == {"devices": "job can never fit this box: needs 2 NVLink-connected GPUs; none are linked"}
+    assert refused.spec is None
 
 
 def test_the_prediction_reads_the_pods_own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
