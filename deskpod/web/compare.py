@@ -139,16 +139,13 @@ class ComparePage:
     """The Compare page's data (its twin: ``/ui/compare.json?jobs=...``)."""
 
     jobs: str
-    """The ``jobs=`` asked for, as given."""
     picker: list[dict[str, Any]]
-    """The newest training runs to pick from."""
     final_keys: list[dict[str, str]]
     runs: list[CompareRun] = field(default_factory=list)
     charts: list[stream.Chart] = field(default_factory=list)
     diff: ConfigDiff | None = None
     tensorboard: str | None = None
     error: str | None = render.unless_none()
-    """Why ``jobs`` cannot be compared."""
 
 
 def compare_view(web: Web, who: Viewer, jobs: str | None) -> tuple[ComparePage, int]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode
@@ -325,8 +325,6 @@ def job_layout(web: Web, k: int) -> Layout:
     confinement = web.pod.confinement
     limits = confinement.limits(tuple(range(k))) if confinement is not None and kind == "cpu" else None
     if limits is not None and limits.cpus is not None:  # a pinned job sees only its cores, its slots from 0
-        from dataclasses import replace
-
         from deskpod.environment import Environment
 
         env = replace(Environment.read(), cpu_count=len(limits.cpus))
@@ -342,9 +340,32 @@ def job_layout(web: Web, k: int) -> Layout:
     return Layout(workers, threads, text)
 
 
-def prediction(
-    web: Web, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]
-) -> dict[str, Any]:
+@dataclass
+class Prediction:
+    """The plan's time for a job; the plan's figures (the fields after ``can_calibrate``) only when it has one."""
+
+    machine: str
+    calibrated: bool = False
+    message: str = ""
+    rows: list[list[str]] = field(default_factory=list)
+    """``[label, figure as text]``."""
+    layout: Layout | None = None
+    calibration_job: dict[str, Any] | None = None
+    """`calibration.collect`: the calibration job awaited, if any."""
+    can_calibrate: bool = False
+    when: str | None = render.unless_none()
+    precision: str | None = render.unless_none()
+    epochs: float | None = render.unless_none()
+    global_batch: int | None = render.unless_none()
+    time_to_train_s: float | None = render.unless_none()
+    images_per_s: float | None = render.unless_none()
+    step_s: float | None = render.unless_none()
+    compute_s: float | None = render.unless_none()
+    comm_s: float | None = render.unless_none()
+    scaling_efficiency: float | None = render.unless_none()
+
+
+def prediction(web: Web, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]) -> Prediction:
     """The plan's time for this job on this box: calibrated (machine ``local``), or the catalog machine the pod
     runs as; otherwise a plain "not calibrated" and how to calibrate (a calibration job, `deskpod.web.calibration`),
     with no number. The plan assumes the workers and threads the trainer will run (`job_layout`)."""
@@ -355,12 +376,11 @@ def prediction(
 
     k = len(values["indices"])
     machine = web.pod.config.machine
-    out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": [],
-                           "layout": None, "calibration_job": None, "can_calibrate": False}  # fmt: skip
+    out = Prediction(machine or local.LOCAL)
     try:
-        layout = out["layout"] = job_layout(web, k)
+        layout = out.layout = job_layout(web, k)
     except DeskpodError as e:
-        out["message"] = f"No prediction: {e}."
+        out.message = f"No prediction: {e}."
         return out
     workers = layout.workers
     batch = int(values["batch_size"])
@@ -368,30 +388,30 @@ def prediction(
     try:
         epochs = steps * batch * workers / summary["train_size"] if steps else float(values["epochs"])
     except OverflowError:  # a count of hundreds of digits (a field holds up to MAX_VALUE characters)
-        out["message"] = "No prediction: a run this long is past what a float can count."
+        out.message = "No prediction: a run this long is past what a float can count."
         return out
     home = Path(web.home).resolve()
     factors = None
     if machine is None:
         if not local.calibration_path(home).exists():
-            out["calibration_job"] = calibration.collect(web)  # a finished calibration job's fit is stored here
+            out.calibration_job = calibration.collect(web)  # a finished calibration job's fit is stored here
         try:
             cal = local.load(home)
         except UsageError as e:
-            job = out["calibration_job"]
-            out["can_calibrate"] = job is None or job["state"] not in ("queued", "starting", "building", "running")
+            job = out.calibration_job
+            out.can_calibrate = job is None or job["state"] not in ("queued", "starting", "building", "running")
             if job is not None:
-                out["message"] = job["message"]
+                out.message = job["message"]
             elif local.calibration_path(home).exists():
-                out["message"] = f"No predicted time: {e}."  # a damaged file: its own message
+                out.message = f"No predicted time: {e}."  # a damaged file: its own message
             else:
-                out["message"] = (
+                out.message = (
                     "This box is not calibrated, so there is no predicted time. Calibrate it with the button below "
                     f"(a job on every device of the pod), or as the pod's admin with: "
                     f"DESKPOD_HOME={shlex.quote(str(home))} deskpod plan calibrate. {CALIBRATE_HELP}."
                 )
             return out
-        factors, kind, out["when"] = cal.factors, cal.measurements.kind, cal.when
+        factors, kind, out.when = cal.factors, cal.measurements.kind, cal.when
     else:
         from deskpod.hardware.catalog import find_machine
 
@@ -406,20 +426,20 @@ def prediction(
         plan = predict_plan(w, machine or local.LOCAL, devices_per_node=workers, factors=factors, home=home,
                             threads=layout.threads)  # fmt: skip
     except UsageError as e:
-        out["message"] = f"No prediction: {e}."
+        out.message = f"No prediction: {e}."
         return out
-    out.update(
-        calibrated=True, precision=precision, epochs=epochs, global_batch=batch * workers,
+    out = replace(
+        out, calibrated=True, precision=precision, epochs=epochs, global_batch=batch * workers,
         time_to_train_s=plan.time_to_train_s, images_per_s=plan.images_per_s, step_s=plan.step_s,
         compute_s=plan.compute_s, comm_s=plan.exposed_comm_s, scaling_efficiency=plan.scaling_efficiency,
     )  # fmt: skip
-    out["rows"] = [
+    out.rows = [
         ["Time to train", render.duration(plan.time_to_train_s)],
         ["Images/s", _figure(plan.images_per_s)],
         ["Step time", f"{_figure(plan.step_s * 1e3)} ms"],
     ]
     where = f"machine {machine} (the pod runs as it)" if machine else f"this box as calibrated on {cal.when}"
-    out["message"] = (
+    out.message = (
         f"{render.number(epochs)} epoch{'s' if epochs != 1 else ''} of {summary['train_size']:,} images at "
         f"{precision}, {layout.text} × batch {batch}: the plan for {where}. Starting the workers "
         "and loading the data come on top."
@@ -479,10 +499,9 @@ class Preview:
 
     errors: dict[str, str]
     query: str
-    """The choices as the page's query."""
     error: str = ""
     placement: Placement | None = None
-    prediction: dict[str, Any] | None = None
+    prediction: Prediction | None = None
     spec: dict[str, Any] | None = None
     cli: str = ""
     curl: str = ""
@@ -525,12 +544,10 @@ class NewPage:
     defaults: dict[str, str]
     errors: dict[str, str]
     datasets: list[dict[str, str]]
-    """`datasets.CARDS`."""
     error: str = ""
     dataset: dict[str, Any] | None = None
     """`datasets.explore` of the chosen dataset."""
     networks: list[dict[str, Any]] | None = None
-    """The network cards of step 2."""
     network: dict[str, Any] | None = None
     preview: Preview | None = None
 

@@ -622,7 +622,6 @@ class Prepared:
     "true_index"}``."""
     shape: list[int]
     shown: str
-    """The picture as a data URL."""
     seen: str | None
     """What the network sees, where that differs (resized, grey)."""
 
