@@ -112,25 +112,37 @@ def _run(web: Web, job: JobRecord, i: int) -> tuple[CompareRun, Series | None]:
 
 
 @dataclass
+class Differ:
+    key: str
+    values: list[str | None]
+    """Each run's value as text, None where it lacks the key."""
+
+
+@dataclass
+class Same:
+    key: str
+    value: str
+
+
+@dataclass
 class ConfigDiff:
-    differ: list[dict[str, Any]]
-    """``{"key", "values": [each run's value as text, None where it lacks the key]}``."""
-    same: list[dict[str, Any]]
-    """``{"key", "value"}``."""
+    differ: list[Differ]
+    same: list[Same]
 
 
 def config_diff(runs: list[CompareRun]) -> ConfigDiff:
     """Keys whose values differ across the runs (a key one run lacks differs), and the keys they share."""
     keys = sorted(set().union(*(r.config for r in runs))) if runs else []
-    differ, same = [], []
+    differ: list[Differ] = []
+    same: list[Same] = []
     missing = object()
     for k in keys:
         values = [r.config.get(k, missing) for r in runs]
         shown = [None if v is missing else display(v) for v in values]
         if all(v is not missing for v in values) and all(v == values[0] for v in values[1:]):
-            same.append({"key": k, "value": shown[0]})
+            same.append(Same(k, display(values[0])))
         else:
-            differ.append({"key": k, "values": shown})
+            differ.append(Differ(k, shown))
     return ConfigDiff(differ, same)
 
 
