@@ -151,9 +151,9 @@ def page(
     if wants_json(request):
         return json_response(data, status)
     path = request.url.path
-    twin = f"{path}pod.json" if path.endswith("/") else f"{path}.json"
+    twin_url = f"{path}pod.json" if path.endswith("/") else f"{path}.json"
     html = TEMPLATES.get_template(template).render(
-        data=data, viewer=viewer, title=title, path=path, twin=twin, query=str(request.url.query), **(extra or {})
+        data=data, viewer=viewer, title=title, path=path, twin=twin_url, query=str(request.url.query), **(extra or {})
     )
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
