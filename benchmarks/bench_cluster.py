@@ -1,4 +1,4 @@
-"""Many nodes on Slurm (issue 11): 2 nodes against 1, the Slurm path against plain torchrun, a requeue's cost.
+"""Many nodes on Slurm: 2 nodes against 1, the Slurm path against plain torchrun, a requeue's cost.
 
     .venv/bin/python benchmarks/bench_cluster.py               # 3 rounds; table + JSON, updates docs/benchmarks.md
     .venv/bin/python benchmarks/bench_cluster.py --rounds 1 --no-docs

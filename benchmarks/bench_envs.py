@@ -1,4 +1,4 @@
-"""Per-job environments and sandboxes (issue 12): a cached environment's start, the sandbox's cost, warm rebuilds.
+"""Per-job environments and sandboxes: a cached environment's start, the sandbox's cost, warm rebuilds.
 
     .venv/bin/python benchmarks/bench_envs.py               # 3 rounds; table + JSON, updates docs/benchmarks.md
     .venv/bin/python benchmarks/bench_envs.py --rounds 1 --no-docs

@@ -1,4 +1,4 @@
-"""``deskpod lung analyze`` on a 512×512×300 chest CT with a prior (issue 13): time per stage and the whole command.
+"""``deskpod lung analyze`` on a 512×512×300 chest CT with a prior: time per stage and the whole command.
 
     .venv/bin/python benchmarks/bench_lung_analyze.py              # table + JSON, updates docs/benchmarks.md
     .venv/bin/python benchmarks/bench_lung_analyze.py --shape 96 256 256 --no-docs     # a quick look

@@ -1,4 +1,4 @@
-"""The LUNA16 evaluation at full size (issue 13), against a per-candidate Python loop of the same rules.
+"""The LUNA16 evaluation at full size, against a per-candidate Python loop of the same rules.
 
     .venv/bin/python benchmarks/bench_lung_eval.py              # table + JSON, updates docs/benchmarks.md
     .venv/bin/python benchmarks/bench_lung_eval.py --rounds 1 --no-docs
@@ -49,7 +49,7 @@ from deskpod.lung.evaluate import FP_RATES, MAX_MARKS, evaluate_files, resample_
 
 SECTION = "## Lung CT"
 INTRO = (
-    "deskpod's lung-nodule application (`deskpod/lung/`, issue 13). Decision support, not a medical device:\n"
+    "deskpod's lung-nodule application (`deskpod/lung/`). Decision support, not a medical device:\n"
     "the figures here are timings and checks on synthetic data, not clinical results."
 )
 SUB = "### LUNA16 evaluation at full size (bench_lung_eval.py)"

@@ -23,7 +23,7 @@ from deskpod.plan.predict import Factors, compute_time, machine_facts, predict_p
 from deskpod.plan.workload import MODELS, Workload
 
 K80 = "gce-k80-8"
-K80_POINTS = (("resnet50", 8, 387.0, 64), ("alexnet", 8, 4640.0, 512))  # calibration.md 4.2
+K80_POINTS = (("resnet50", 8, 387.0, 64), ("alexnet", 8, 4640.0, 512))  # docs/reference/calibration.md#tensorflow-2017
 
 
 @dataclass(frozen=True)

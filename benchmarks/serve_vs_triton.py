@@ -6,7 +6,7 @@
 Both servers serve the same ONNX files (ResNet-18 at 224x224, random init; a small MLP 784-512-512-10), with the
 same batching settings (max batch 32, the same queue delay, 1 instance, the same ONNX Runtime threads). Triton
 runs them through its Python backend (``execute`` calls ONNX Runtime on the whole batch Triton hands it) with its
-own dynamic batcher — the recipe of docs/shared serving.md; its venv lives in /tmp, never in the repository.
+own dynamic batcher, from the ``tritonserver`` binary in PyPI's ``nvidia-pytriton`` wheel; its venv lives in /tmp.
 Both servers speak HTTP and gRPC, unary calls and ModelStreamInfer streams (``grpc-stream``: one stream per client). Two load tools drive them, closed loop, each in its own process: deskpod's own
 load generator (deskpod.serve.loadgen, binary tensors over HTTP, raw contents over gRPC) and Triton's C++
 ``perf_analyzer`` (from the ``tritonclient==2.51.0`` wheel, installed into Triton's venv; random FP32 inputs,
@@ -135,7 +135,8 @@ def build_models(work: Path, threads: int, delay_us: int, site: str) -> dict[str
 
 
 def triton_env() -> tuple[Path, dict[str, str]]:
-    """Build (once) Triton's venv per docs/shared serving.md; returns the tritonserver binary and its env."""
+    """Build (once) a venv with ``nvidia-pytriton`` (it ships ``tritonserver`` and its Python backend stubs) and
+    ``numpy<2`` (under numpy 2 that backend answers empty outputs); returns the tritonserver binary and its env."""
     venv = TRITON_HOME / "venv"
     if not (venv / "bin" / "python").exists():
         TRITON_HOME.mkdir(parents=True, exist_ok=True)

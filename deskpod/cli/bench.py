@@ -10,11 +10,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     bench = p.add_subparsers(dest="bench_command", metavar="WHAT")
     bench.required = True
     register_train(bench)
-    # `deskpod bench serve` (issue 5, inference serving): its parser and handler live in deskpod/cli/serve.py.
+    # `deskpod bench serve` (inference serving): its parser and handler live in deskpod/cli/serve.py.
     from deskpod.cli.serve import register_bench as register_serve
 
     register_serve(bench)
-    # `deskpod bench comm` (issue 6, collectives): its parser and handler live in deskpod/cli/comm.py.
+    # `deskpod bench comm` (collectives): its parser and handler live in deskpod/cli/comm.py.
     from deskpod.cli.comm import register_bench as register_comm
 
     register_comm(bench)

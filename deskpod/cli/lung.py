@@ -225,39 +225,15 @@ def _register_detect(lung: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    import csv
     from pathlib import Path
 
-    from deskpod.errors import ConfigError
     from deskpod.lung import phantom_reason
-    from deskpod.lung.detect import load_detector
-    from deskpod.lung.images import read_scan
-    from deskpod.lung.luna16 import read_layout
+    from deskpod.lung.detect import load_detector, scans_to_detect, write_results
 
     detector = load_detector(args.detector)
-    if args.data is not None:
-        kind, _, path = args.data.partition(":")
-        if kind != "luna16" or not path:
-            raise ConfigError(f"--data {args.data!r}: give a LUNA16 folder as luna16:PATH")
-        layout = read_layout(path)
-        subset = args.subset if args.subset is not None else detector.options.fold
-        subset = layout.subsets[-1] if subset < 0 else subset
-        if subset not in layout.subsets:
-            raise ConfigError(f"--subset {subset}: not in {path}; valid: {', '.join(map(str, layout.subsets))}")
-        scans = [(uid, layout.scans[uid]) for uid in layout.uids([subset])]
-    else:
-        if args.subset is not None:
-            raise ConfigError("--subset goes with --data luna16:PATH, not with --scan")
-        scans = [(Path(p).name.removesuffix(".gz").rsplit(".", 1)[0], Path(p)) for p in args.scan]
+    scans = scans_to_detect(args.data, args.scan or (), subset=args.subset, fold=detector.options.fold)
     out = Path(args.out)
-    rows = 0
-    with out.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["seriesuid", "coordX", "coordY", "coordZ", "probability"])
-        for uid, path in scans:
-            for c in detector.detect(read_scan(path)):
-                writer.writerow([uid, *(f"{v:.3f}" for v in c.world_xyz), f"{c.probability:.6f}"])
-                rows += 1
+    rows = write_results(detector, scans, out)
     print(f"wrote {rows} candidates of {len(scans)} scans to {out} (detector {detector.run_dir}, step {detector.step})")
     why = phantom_reason(scans[0][1]) if scans else ""
     if why:

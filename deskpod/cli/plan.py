@@ -348,53 +348,6 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measure(args: argparse.Namespace) -> Any:
-    """Run doctor, bench train and bench comm on this box (the CLI orchestrates; plan stays below train)."""
-    import statistics
-
-    from deskpod.comm.bench import CommBenchConfig, run_comm_bench
-    from deskpod.errors import RunError
-    from deskpod.hardware.doctor import run_doctor
-    from deskpod.plan.local import Measurements, scaled_model
-    from deskpod.train.bench import BenchRequest, run_bench
-    from deskpod.train.data import parse_shape
-
-    def log(text: str) -> None:
-        if not args.json:
-            print(text, flush=True)
-
-    c, h, w = parse_shape(args.shape)
-    model = scaled_model(args.model, (c, h, w))
-    log("calibrate: deskpod doctor (matmul and memory copy per device) ...")
-    report = run_doctor()
-
-    def median_of(name: str) -> float:
-        values = [ck.measured for ck in report.checks if ck.name == name and ck.measured is not None]
-        if not values:
-            raise RunError(f"calibrate: doctor measured no {name}")
-        return float(statistics.median(values))
-
-    peak, copy = median_of("matmul fp32"), median_of("memory copy")
-    log(f"calibrate: bench train {args.model} {args.shape} batch {args.batch} on every device ...")
-    train = run_bench(BenchRequest(model=args.model, data=f"synthetic:{args.shape}", batch_size=args.batch,
-                                   steps=args.steps, warmup=1, reference=False))  # fmt: skip
-    row = train["rows"][-1]
-    busbw = 0.0
-    if row["devices"] > 1:
-        grad = int(model.params_m * 1e6 * 4)
-        log(f"calibrate: bench comm all_reduce of {grad} bytes ...")
-        comm = run_comm_bench(CommBenchConfig(collectives=("all_reduce",), min_bytes=grad, max_bytes=grad, iters=5,
-                                              warmup=2, devices=row["devices"]))  # fmt: skip
-        if comm["wrong"]:
-            raise RunError("calibrate: bench comm returned wrong results")
-        busbw = comm["rows"][-1]["busbw"]
-    from deskpod.environment import Environment
-
-    return Measurements(kind=report.kind, devices=row["devices"], cores=Environment.read().cpu_count, peak_tflops=peak,
-                        memory_bandwidth_gbs=copy, model=args.model, batch=args.batch, shape=(c, h, w),
-                        images_per_s=row["images_per_s"], comm_busbw_gbs=busbw)  # fmt: skip
-
-
 def run_root(args: argparse.Namespace) -> int:
     """``deskpod plan --calibrate`` (with no WHAT): calibrate with the defaults of ``plan calibrate``."""
     from deskpod.errors import UsageError
@@ -410,19 +363,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from deskpod.environment import Environment
-    from deskpod.errors import UsageError
     from deskpod.hardware.placement import local_topology
-    from deskpod.plan.local import Measurements, fit_local, save, summary
+    from deskpod.plan.local import fit_local, measure, read_measurements, save, summary
 
     if args.from_json:
-        try:
-            data = json.loads(Path(args.from_json).read_text())
-            data["shape"] = tuple(data["shape"])
-            measured = Measurements(**data)
-        except (OSError, ValueError, TypeError, KeyError) as e:
-            raise UsageError(f"--from-json {args.from_json}: not a measurements file ({e})") from None
+        measured = read_measurements(Path(args.from_json))
     else:
-        measured = _measure(args)
+        measured = measure(args.model, args.shape, args.batch, args.steps,
+                           log=lambda text: None if args.json else print(text, flush=True))  # fmt: skip
     cal = fit_local(measured, local_topology())
     if args.out:
         path = Path(args.out)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
 EPILOG = """examples:
   deskpod run train.py --lr 0.1              one process per device; the script reads RANK, LOCAL_RANK, ...
@@ -83,32 +82,16 @@ def run(args: argparse.Namespace) -> int:
 def submit(args: argparse.Namespace) -> int:
     """``deskpod run --submit``: check the script here, then queue ``deskpod run`` as a pod-service job."""
     from deskpod.errors import ConfigError
-    from deskpod.hardware.devices import parse_device_spec
     from deskpod.jobs.client import PodClient
-    from deskpod.train.runs import NAME_HELP, NAME_RE
-    from deskpod.train.script import check_target, default_name
+    from deskpod.jobs.kinds.run import spec as run_job
 
     if args.out:
         raise ConfigError("--out does not go with --submit: a pod job keeps its run in its own folder")
     if args.nodes > 1:
         raise ConfigError("--nodes does not go with --submit: for many nodes, deskpod submit --cluster slurm a job "
                           "whose command is deskpod run --nodes N ...")  # fmt: skip
-    target = list(check_target(target_of(args)))
-    name = args.name or default_name(target)
-    if not NAME_RE.match(name):
-        raise ConfigError(f"--name {name!r}: use {NAME_HELP}")
-    text = str(args.devices).strip().lower()
-    devices: int | str
-    if text == "all":
-        devices, inner = "all", "all"
-    elif text.isascii() and text.isdigit():  # "¹".isdigit() too, which int() refuses
-        devices = inner = int(text)  # type: ignore[assignment]
-    else:  # a list names this box's devices; the pod chooses them itself, so it asks for as many
-        devices = len(parse_device_spec(text, 1 << 16))
-        inner = str(devices)
-    command = [sys.executable, "-m", "deskpod", "run", "--devices", str(inner), "--max-restarts",
-               str(args.max_restarts), "--name", name, "--stall-after", str(args.stall_after), *target]  # fmt: skip
-    spec: dict[str, Any] = {"name": name, "command": command, "devices": devices, "workdir": os.getcwd()}
+    spec = run_job(target_of(args), devices=args.devices, max_restarts=args.max_restarts, name=args.name,
+                   stall_after_s=args.stall_after, workdir=os.getcwd())  # fmt: skip
     with PodClient.from_environment() as client:
         job = client.submit(spec)
     print(f"submitted job {job['id']}; follow it with: deskpod logs -f {job['id']}")

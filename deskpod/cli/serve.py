@@ -2,10 +2,9 @@
 ``--grpc-port P``).
 
 ``--export RUN`` first exports a training run's latest checkpoint into REPO (as a new version of model
-``--name``), unless the model's latest version already came from that very checkpoint file: each exported
-version records its source in ``source.json`` (checkpoint path, step, size, mtime; the export options), so a
-restarted serve job does not export again. ``--port-file PATH`` writes where the server listens, atomically,
-once it listens and again when its models are loaded (``"ready": true``); the pod's ``[serve]`` jobs use both::
+``--name``), unless the model's latest version already came from that very checkpoint file
+(`deskpod.jobs.kinds.serve.export_if_new`), so a restarted serve job does not export again. ``--port-file PATH``
+writes where the server listens, atomically, once it listens and again when its models are loaded (``"ready": true``); the pod's ``[serve]`` jobs use both::
 
     deskpod serve JOB/models --export RUN --name my-run --port 0 --port-file JOB/serve.json
 """
@@ -13,22 +12,14 @@ once it listens and again when its models are loaded (``"ready": true``); the po
 from __future__ import annotations
 
 import argparse
-import json
-import re
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-FORMATS = ("onnx", "torch")
-"""``--format`` choices; the first is the default."""
-EXPORT_DEFAULTS = {"max_batch_size": 32, "max_queue_delay_us": 2000, "instances": 1}
-"""What ``--export`` uses for a flag that is not given (the same defaults as ``deskpod export``)."""
-OPTION_KEYS = ("format", "max_batch_size", "max_queue_delay_us", "instances", "threads", "image_input")
-SOURCE_FILE = "source.json"
-"""Beside each exported version: the checkpoint it came from and the options it was exported with."""
-
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from deskpod.jobs.kinds.serve import FORMATS
+
     p = sub.add_parser("serve", help="serve a model repository over the v2 inference protocol (HTTP, gRPC)")
     p.add_argument("repo", type=Path, help="model repository: one folder per model (see `deskpod export`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -68,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from deskpod.errors import UsageError
+    from deskpod.jobs.kinds.serve import export_if_new
     from deskpod.serve.repository import model_names
     from deskpod.serve.server import Listener, ServeConfig, serve
 
@@ -118,21 +110,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export_options(args: argparse.Namespace) -> Any:
-    """The `ExportOptions` of ``--export``: flags, else `EXPORT_DEFAULTS`; a bad name is refused here."""
+    """The `ExportOptions` of ``--export``: flags, else a serve job's defaults; a bad name is refused here."""
     from deskpod.environment import Environment
     from deskpod.errors import UsageError
+    from deskpod.jobs.kinds.serve import FORMATS, LIMITS, model_name
     from deskpod.serve.export import ExportOptions
     from deskpod.train.runs import NAME_HELP, NAME_RE
 
     run_dir: Path = args.export
-    name = args.name
-    if name is None:
-        name = re.sub(r"[^A-Za-z0-9._-]", "-", run_dir.resolve().name).strip(".-_")
+    name = model_name(run_dir.resolve()) if args.name is None else args.name
     if not NAME_RE.match(name or ""):
         raise UsageError(f"--name {name!r}: use {NAME_HELP}")
     numbers = {}
-    for key, low in (("max_batch_size", 1), ("max_queue_delay_us", 0), ("instances", 1)):
-        value = EXPORT_DEFAULTS[key] if getattr(args, key) is None else int(getattr(args, key))
+    for key, (default, low, _) in LIMITS.items():
+        value = default if getattr(args, key) is None else int(getattr(args, key))
         if value < low:
             raise UsageError(f"--{key.replace('_', '-')} {value}: must be at least {low}")
         numbers[key] = value
@@ -142,49 +133,6 @@ def export_options(args: argparse.Namespace) -> Any:
         max_batch_size=numbers["max_batch_size"], max_queue_delay_us=numbers["max_queue_delay_us"],
         instances=numbers["instances"], image_input=args.image_input,
     )  # fmt: skip
-
-
-def export_if_new(run: Path, options: Any) -> tuple[Path, bool]:
-    """Export ``run``'s latest checkpoint as a new version of ``options.name``, unless the model's latest version
-    came from the same checkpoint file with the same options; returns (the version folder, whether it exported)."""
-    from deskpod.errors import UsageError
-    from deskpod.files import write_json
-    from deskpod.serve.export import export_run
-    from deskpod.serve.repository import versions
-    from deskpod.train.runs import checkpoint_step, list_checkpoints
-
-    if not run.is_dir():
-        raise UsageError(f"--export {run}: no such run folder")
-    found = list_checkpoints(run)
-    if not found:
-        raise UsageError(f"--export {run}: the run has no checkpoint yet; train it first (or wait for one)")
-    latest = found[-1].resolve()
-    st = latest.stat()
-    source = {
-        "run": str(run.resolve()),
-        "checkpoint": str(latest),
-        "step": checkpoint_step(latest),
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "options": {k: getattr(options, k) for k in OPTION_KEYS},
-    }
-    model_dir = options.repo / options.name
-    have = versions(model_dir) if model_dir.is_dir() else []
-    if have:
-        last = model_dir / str(have[-1])
-        if _read_source(last) == source:
-            return last, False
-    version = export_run(run, options)
-    write_json(version / SOURCE_FILE, source, indent=1)
-    return version, True
-
-
-def _read_source(version: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads((version / SOURCE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

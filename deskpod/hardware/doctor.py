@@ -32,7 +32,8 @@ Status = Literal["pass", "warn", "fail", "skip"]
 PASS_FRACTION = 0.5
 WARN_FRACTION = 0.25
 """Fractions of the catalog spec that pass / warn (below: fail). Dense matmul reaches ~80 % of peak and
-a copy ~90 % of memory bandwidth on a healthy H200 (issue 3), so half of spec is a broken device."""
+a copy ~90 % of memory bandwidth on a healthy H200 (published: about 790 TFLOP/s dense bf16 and 4.3 TB/s,
+against 989.4 and 4,800 GB/s of spec; docs/benchmarks.md#deskpod-doctor), so half of spec is a broken device."""
 STRAGGLER_FRACTION = 0.5
 """A CPU slot slower than this fraction of the median slot warns."""
 ALLREDUCE_ELEMENTS = 1 << 18

@@ -13,7 +13,7 @@ A link is what ``nvidia-smi topo -m`` prints for a pair, turned into a per-direc
 * ``SHM``: two CPU worker slots of one box, talking through shared memory.
 
 Bandwidths are GB/s per direction. Per-generation figures and their sources are in `GPU_LINK_MODELS`
-(from ``shared/reference/hardware.md``).
+(from ``docs/reference/hardware.md``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ PATH_RANK = {"X": 0, "NV": 0, "SHM": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4,
 """Lower is closer. NVLink and shared memory rank with the self entry; ``SOC`` is read as ``SYS``."""
 
 MAX_NVLINKS_PER_GPU = 18
-"""The most NVLinks any GPU has had so far (H100/H200: 18, hardware.md 2.1). A GPU whose ``NV#``
+"""The most NVLinks any GPU has had so far (H100/H200: 18, docs/reference/hardware.md#nvlink). A GPU whose ``NV#``
 entries add up to more than this cannot be wired pair by pair: it hangs off an NVSwitch fabric."""
 
 CPU_SHM_GBPS = 10.0
@@ -58,7 +58,7 @@ class LinkModel:
     source: str
 
 
-# hardware.md 2.1 (NVLink) and 2.2 (PCIe x16 per direction: Gen3 15.7, Gen4 31.5, Gen5 63.0 GB/s,
+# docs/reference/hardware.md#nvlink and #pcie (PCIe x16 per direction: Gen3 15.7, Gen4 31.5, Gen5 63.0 GB/s,
 # hpc-notes.pages.dev/reference/pcie).
 GPU_LINK_MODELS: dict[str, LinkModel] = {
     "P100": LinkModel(
@@ -88,7 +88,7 @@ GPU_LINK_MODELS: dict[str, LinkModel] = {
         63.0,
         "NVLink 4: 450 GB/s line rate per direction (nccl-tests #212) / 18 links = 25 GB/s (derived); Gen5",
     ),
-    "H200": LinkModel("H200", 25.0, 18, 5, 63.0, "as H100; pcie.link.gen.max = 5 (hardware.md 2.2)"),
+    "H200": LinkModel("H200", 25.0, 18, 5, 63.0, "as H100; pcie.link.gen.max = 5 (docs/reference/hardware.md#pcie)"),
 }
 
 

@@ -310,8 +310,9 @@ def create_app(
 
     @app.get("/v1/status", tags=["service"], responses=errors(403))
     def status(user: Caller) -> dict[str, Any]:
-        """Each device: free, or which job and user holds it; queue and running counts."""
-        return pod.status()
+        """Each device: free, or which job and user holds it; queue and running counts; the pod's ``settings``
+        (`PodConfig`: what each ``deskpod up`` flag set)."""
+        return {**pod.status(), "settings": pod.config.to_json()}
 
     @app.get("/metrics", tags=["service"], response_class=PlainTextResponse, responses=errors(403))
     def prometheus(user: Caller) -> Response:

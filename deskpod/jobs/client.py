@@ -201,8 +201,7 @@ def _quoted(part: str) -> str:
 
 def submit_train(train_config: dict[str, object], *, devices: int | str, name: str | None) -> str:
     """Queue a `deskpod train` job on the local pod service; returns its id (``deskpod train --submit``)."""
-    spec: dict[str, Any] = {"train": dict(train_config), "devices": devices}
-    if name is not None:
-        spec["name"] = name
+    from deskpod.jobs.kinds import train
+
     with PodClient.from_environment() as client:
-        return str(client.submit(spec)["id"])
+        return str(client.submit(train.spec(train_config, devices=devices, name=name))["id"])

@@ -41,6 +41,7 @@ from deskpod.envs.sandbox import Walls, gpu_device_nodes, sandbox_argv
 from deskpod.envs.userfiles import open_beneath, prepare_owned_dir, scandir_beneath, write_no_follow
 from deskpod.errors import ConflictError
 from deskpod.jobs.identity import Accounts
+from deskpod.jobs.kinds import command
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.store import User
 from deskpod.jobs.supervisor import SHIM
@@ -254,11 +255,7 @@ class Isolation:
                 building = True
                 record = folder / "environment.json"
                 write_no_follow(record, json.dumps(venv.to_json()).encode())
-                plan["build"] = [
-                    *self.build_argv(cache, record, folder / "env-build.log"),
-                    "--python",
-                    str(interp.path),
-                ]
+                plan["build"] = command.build_argv(cache.root, record, folder / "env-build.log", interp.path)
                 plan["build_env"] = self.build_env(env, home)
                 notes.append(f"building environment {key[:12]} ({describe(venv)}) as "
                              f"{who.name}; log: env-build.log")  # fmt: skip
@@ -312,10 +309,6 @@ class Isolation:
                 traceback.print_exc(file=sys.stderr)
 
         threading.Thread(target=prune, name="deskpod-env-prune", daemon=True).start()
-
-    def build_argv(self, cache: EnvCache, definition: Path, log: Path) -> list[str]:
-        return [sys.executable, "-m", "deskpod", "env", "build", "--cache", str(cache.root),
-                "--definition", str(definition), "--log", str(log)]  # fmt: skip
 
     def build_env(self, env: Mapping[str, str], home: Path) -> dict[str, str]:
         """What the build step runs with: the job's box variables (not what the user put in ``[env]``), and the

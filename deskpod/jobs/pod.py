@@ -19,13 +19,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from deskpod.environment import Environment
 from deskpod.envs.limits import LimitSettings
-from deskpod.envs.userfiles import read_path, scandir_path, stat_path
+from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError, UsageError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
@@ -91,6 +91,11 @@ class PodConfig:
             raise ConfigError(f"--priority-limit {self.priority_limit}: expected -1000 to 1000")
         if not (self.job_disk in ("default", None) or (isinstance(self.job_disk, int) and self.job_disk > 0)):
             raise ConfigError(f"--job-disk {self.job_disk!r}: expected 'default', 'none' or a size like 200G")
+
+    def to_json(self) -> dict[str, Any]:
+        """Every setting, as ``GET /v1/status`` shows them (``settings``): what each ``deskpod up`` flag made of this
+        pod (paths as strings, sizes in bytes, None where unset or unlimited)."""
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
 class Pod:
@@ -164,8 +169,7 @@ class Pod:
                 raise ConflictError("job spec: environment: this pod runs jobs in its own Python only")
             if spec.workdir is not None and not Path(spec.workdir).is_dir():
                 raise ConflictError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
-            if spec.serve is not None:
-                _check_servable(Path(spec.serve["run"]))
+            spec.check()
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
         if k > self.device_count:
             raise ConflictError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
@@ -464,7 +468,7 @@ class Pod:
         try:
             if job.spec.refused is not None:
                 raise ConfigError(f"its spec is no longer accepted ({job.spec.refused}); submit it again")
-            argv = self._argv(job, files.folder)
+            argv = job.spec.argv(files.folder)
             limits = self.confinement.limits(devices) if self.confinement is not None else None
             env = self._env(job, devices, port, pinned=limits is not None and limits.cpus is not None)
             if self.isolation is not None:
@@ -505,37 +509,6 @@ class Pod:
         self.store.transition(
             job.id, new, f"pid {pid}", expect=[S.STARTING], pid=pid, pid_start=started, started_at=self.clock()
         )
-
-    def _argv(self, job: JobRecord, folder: Path) -> list[str]:
-        spec: JobSpec = job.spec
-        if spec.serve is not None:
-            return serve_argv(spec.serve, folder)
-        if spec.train is None:
-            return list(spec.command)
-        import tomli_w
-
-        from deskpod.envs.userfiles import write_no_follow
-
-        folder.mkdir(parents=True, exist_ok=True)
-        config = folder / "train.toml"
-        write_no_follow(config, tomli_w.dumps(dict(spec.train)).encode())  # the folder may be the job user's
-        out = folder / "runs"  # run_dir() names the same folder
-        argv = [
-            sys.executable,
-            "-m",
-            "deskpod",
-            "train",
-            "--config",
-            str(config),
-            "--out",
-            str(out),
-            "--name",
-            spec.name,
-        ]
-        argv += ["--devices", "all"]
-        if any(e.name.endswith(".pt") for e in scandir_path(out / spec.name / "checkpoints")):  # no link followed
-            argv.append("--resume")
-        return argv
 
     def _env(self, job: JobRecord, devices: tuple[int, ...], port: int, *, pinned: bool = False) -> dict[str, str]:
         """The job's environment variables: the box's (`box_environment`, never the rest of the admin's), the
@@ -618,29 +591,6 @@ class Pod:
         if self.executor is not None:
             out["backend"] = {"name": self.executor.name, **self.executor.status()}
         return out
-
-
-def serve_argv(serve: dict[str, Any] | Any, folder: Path) -> list[str]:
-    """``deskpod serve`` for a ``[serve]`` job: export the run into the job's own repository, serve it on a
-    free loopback port (and gRPC on another, with ``grpc``), and write where it listens to ``serve.json`` in the
-    job's folder."""
-    s = serve
-    return [
-        sys.executable, "-m", "deskpod", "serve", str(folder / "models"),
-        "--export", str(s["run"]), "--name", str(s["model"]), "--format", str(s["format"]),
-        "--max-batch-size", str(s["max_batch_size"]), "--max-queue-delay-us", str(s["max_queue_delay_us"]),
-        "--instances", str(s["instances"]), "--port", "0", "--port-file", str(folder / "serve.json"),
-        *(["--image-input"] if s.get("image_input") else []), *(["--grpc-port", "0"] if s.get("grpc") else []),
-    ]  # fmt: skip
-
-
-def _check_servable(run: Path) -> None:
-    from deskpod.train.runs import has_checkpoint
-
-    if not run.is_dir():
-        raise ConflictError(f"job spec: serve.run {str(run)!r} is not a run folder on this box")
-    if not has_checkpoint(run):
-        raise ConflictError(f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)")
 
 
 def build_error(log: Path) -> str:

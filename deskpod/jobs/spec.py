@@ -29,19 +29,8 @@ daemon stores it, so nothing is ever executed from a bad spec::
     scratch = "/local/scratch"       # where (default /tmp/deskpod-scratch); scratch_limit_gb = 500
     env_cache = "/shared/envs"       # where nodes build [environment]s (default ~/.deskpod/envs)
 
-A ``[serve]`` job exports a training run's latest checkpoint into the job's own model repository and
-runs ``deskpod serve`` on it (v2 protocol on 127.0.0.1, a port of its own, written to the job's
-``serve.json``), holding its devices until it is cancelled::
-
-    [serve]
-    run = "/abs/path/runs/my-run"    # a run folder with checkpoints
-    model = "my-run"                 # the model's name on the server (default: the run's name)
-    format = "onnx"                  # onnx | torch
-    max_batch_size = 32
-    max_queue_delay_us = 2000
-    instances = 1
-    image_input = false              # true: the model takes JPEG/PNG (decoded with the run's own transform)
-    grpc = false                     # true: also the v2 gRPC service, on a port of its own ("grpc" in serve.json)
+What a job runs is its kind's business: its field (``command``, ``[train]`` or ``[serve]``) is parsed, checked and
+turned into an argv by its module in `deskpod.jobs.kinds`.
 """
 
 from __future__ import annotations
@@ -54,11 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from deskpod.envs.definition import ENVIRONMENT_SCHEMA, IMAGE_RE, EnvDefinition, parse_environment
 from deskpod.errors import ConfigError
-from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
+from deskpod.jobs.kinds import KINDS as KIND_MODULES
+from deskpod.jobs.kinds.command import MAX_ARG_CHARS, NO_NUL
+from deskpod.jobs.kinds.fields import bad, integer, no_nulls, whole
+from deskpod.train.runs import NAME_HELP, NAME_RE
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV = frozenset(
@@ -83,10 +73,7 @@ MAX_DEVICES = 1024
 MAX_PRIORITY = 1000
 MAX_RUNTIME_S = 30 * 24 * 3600.0
 MAX_RETRIES = 10
-MAX_ARGS = 1024
-MAX_ARG_CHARS = 8192
 MAX_ENV = 256
-MAX_TRAIN_CHARS = 32768
 
 FIELDS = (
     "name", "command", "train", "serve", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
@@ -97,10 +84,8 @@ SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues"
                 "scratch", "scratch_limit_gb", "env_cache")  # fmt: skip
 SLURM_DEFAULTS: dict[str, Any] = {"signal_before_s": 120, "max_requeues": 20, "max_node_failures": 3,
                                   "stage_data": False, "scratch": "/tmp/deskpod-scratch"}  # fmt: skip
-KINDS = ("command", "train", "serve")
-"""A spec has exactly one of these fields; it says what the job runs."""
-SERVE_FORMATS = ("onnx", "torch")
-SERVE_FIELDS = ("run", "model", "format", "max_batch_size", "max_queue_delay_us", "instances", "image_input", "grpc")
+KINDS = tuple(KIND_MODULES)
+"""A spec has exactly one of these fields; it says what the job runs (`deskpod.jobs.kinds`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +128,19 @@ class JobSpec:
     def kind(self) -> str:
         return "train" if self.train is not None else "serve" if self.serve is not None else "command"
 
+    @property
+    def what(self) -> Any:
+        """The kind's field: the command, the train table or the serve table."""
+        return self.train if self.train is not None else self.serve if self.serve is not None else self.command
+
+    def argv(self, folder: Path) -> list[str]:
+        """The command line the job runs in its ``folder``: its kind's (`deskpod.jobs.kinds`)."""
+        return KIND_MODULES[self.kind].argv(self.what, self.name, folder)
+
+    def check(self) -> None:
+        """What a pod that runs jobs as itself refuses at submission: what its kind could not start here."""
+        KIND_MODULES[self.kind].check(self.what)
+
     def to_json(self) -> dict[str, Any]:
         """The canonical form, as the store keeps it and the API shows it: a spec `parse_spec` takes back unchanged
         (a field that is not set is left out, never null: the parser, like the API's schema, refuses null)."""
@@ -164,21 +162,8 @@ class JobSpec:
             out["slurm"] = dict(self.slurm)
         if self.environment is not None:
             out["environment"] = self.environment.to_json()
-        if self.train is not None:
-            out["train"] = dict(self.train)
-        elif self.serve is not None:
-            out["serve"] = dict(self.serve)
-        else:
-            out["command"] = list(self.command)
+        out[self.kind] = list(self.command) if self.kind == "command" else dict(self.what)
         return out
-
-
-def _no_nulls(table: Mapping[str, Any], prefix: str) -> None:
-    """Refuse a field given as null: no field of a spec takes one (the schema says so); a field left out gets its
-    default. (`stored_spec` reads specs stored when unset fields were written as null.)"""
-    for key, value in table.items():
-        if value is None:
-            raise ConfigError(f"job spec: {prefix}{key} = null is not valid; leave {prefix}{key} out for its default")
 
 
 def without_nulls(data: object) -> object:
@@ -192,34 +177,15 @@ def without_nulls(data: object) -> object:
     return out
 
 
-def _bad(key: str, value: object, valid: str) -> ConfigError:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return ConfigError(f"job spec: {key} = {shown} is not valid; {valid}")
-
-
-def _int(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefix: str = "") -> int:
-    v = _whole(data.get(key, default))
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _bad(prefix + key, v, f"expected a whole number from {lo} to {hi}, e.g. {key} = {max(lo, min(hi, 1))}")
-    return v
-
-
-def _whole(v: object) -> object:
-    """A JSON number with a whole value as an int: JSON (and the API's schema) cannot tell ``2.0`` from ``2``."""
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
 def _devices(v: object, device_count: int | None) -> int | str:
-    v = _whole(v)
+    v = whole(v)
     if isinstance(v, str) and v.strip().lower() == "all":
         return "all" if device_count is None else device_count
     text = v.strip() if isinstance(v, str) else ""
     if 0 < len(text) <= 9 and text.isascii() and text.isdigit():  # "²".isdigit() is True; int() refuses it
         v = int(text)
     if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_DEVICES:
-        raise _bad("devices", v, 'expected a count from 1 or "all", e.g. devices = 2')
+        raise bad("devices", v, 'expected a count from 1 or "all", e.g. devices = 2')
     return v
 
 
@@ -236,7 +202,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     unknown = sorted(str(k) for k in data if k not in FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field {unknown[0]!r}; valid fields: {', '.join(FIELDS)}")
-    _no_nulls(data, "")
+    no_nulls(data, "")
 
     given = [k for k in KINDS if k in data]
     if len(given) != 1:
@@ -244,41 +210,11 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
             'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]), train (a table of'
             f" deskpod train settings) and serve (a table with run = PATH); got {' and '.join(given) or 'none'}"
         )
-    has_cmd = given == ["command"]
-    command: tuple[str, ...] = ()
-    train: dict[str, Any] | None = None
-    serve: dict[str, Any] | None = None
-    if given == ["serve"]:
-        serve = _serve(data["serve"])
-    elif has_cmd:
-        cmd = data["command"]
-        if (
-            not isinstance(cmd, list)
-            or not 1 <= len(cmd) <= MAX_ARGS
-            or not all(isinstance(a, str) and "\0" not in a and len(a) <= MAX_ARG_CHARS for a in cmd)
-            or not cmd[0]
-        ):
-            raise _bad(
-                "command", cmd, f'expected a list of 1 to {MAX_ARGS} strings (argv, no shell), e.g. ["python", "x.py"]'
-            )
-        command = tuple(cmd)
-    else:
-        t = data["train"]
-        if not isinstance(t, Mapping) or len(json.dumps(t, default=str)) > MAX_TRAIN_CHARS:
-            raise _bad("train", t, f"expected a table of deskpod train settings (under {MAX_TRAIN_CHARS} characters)")
-        train = dict(t)
-        try:
-            tomli_w.dumps(train)  # the trainer gets it as a TOML file: null and mixed arrays cannot be written
-        except (TypeError, ValueError) as e:
-            raise _bad("train", t, f"it must be writable as TOML (no nulls): {e}") from e
-
-    if serve is not None:
-        fallback = f"serve-{serve['model']}"[:NAME_MAX]
-    else:
-        fallback = "train" if train is not None else _name_from_argv(command, default_name)
-    name = data.get("name", fallback)
+    kind = KIND_MODULES[given[0]]
+    value = kind.parse(data[given[0]])
+    name = data.get("name", kind.default_name(value, default_name))
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _bad(
+        raise bad(
             "name",
             name,
             f"use {NAME_HELP} (no spaces, shell characters or '/')",
@@ -286,7 +222,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
 
     placement = data.get("placement", "best")
     if not isinstance(placement, str) or not re.match(r"^(best|pack|partition:[A-Za-z0-9_-]{1,64})$", placement):
-        raise _bad("placement", placement, "use best, pack or partition:<name>")
+        raise bad("placement", placement, "use best, pack or partition:<name>")
 
     max_runtime = data.get("max_runtime")
     if max_runtime is not None and (
@@ -294,7 +230,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         or not isinstance(max_runtime, int | float)
         or not 0 < max_runtime <= MAX_RUNTIME_S
     ):
-        raise _bad(
+        raise bad(
             "max_runtime",
             max_runtime,
             f"expected seconds above 0 and at most {MAX_RUNTIME_S:.0f}, e.g. max_runtime = 3600",
@@ -302,43 +238,41 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
 
     env = data.get("env", {})
     if not isinstance(env, Mapping) or len(env) > MAX_ENV:
-        raise _bad("env", env, f'expected a table of at most {MAX_ENV} NAME = "value" strings')
+        raise bad("env", env, f'expected a table of at most {MAX_ENV} NAME = "value" strings')
     for k, v in env.items():
         if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-            raise _bad("env", k, "variable names are letters, digits and '_', not starting with a digit")
+            raise bad("env", k, "variable names are letters, digits and '_', not starting with a digit")
         if k in RESERVED_ENV:
-            raise _bad("env", k, f"the pod service sets {', '.join(sorted(RESERVED_ENV))} itself")
+            raise bad("env", k, f"the pod service sets {', '.join(sorted(RESERVED_ENV))} itself")
         if loader_variable(k):
-            raise _bad(
+            raise bad(
                 "env",
                 k,
                 "the C library loader's variables (LD_*, GLIBC_TUNABLES, GCONV_PATH, ...) are not accepted in"
                 f' a job spec; set it in the command instead, e.g. command = ["env", "{k}=...", "python", "x.py"]',
             )
         if not isinstance(v, str) or "\0" in v or len(v) > MAX_ARG_CHARS:
-            raise _bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
+            raise bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
 
     workdir = data.get("workdir")
     if workdir is not None and (
         not isinstance(workdir, str) or not workdir.startswith("/") or "\0" in workdir or len(workdir) > 4096
     ):
-        raise _bad("workdir", workdir, 'expected an absolute path, e.g. workdir = "/home/me/project"')
+        raise bad("workdir", workdir, 'expected an absolute path, e.g. workdir = "/home/me/project"')
 
     return JobSpec(
         name=name,
-        command=command,
-        train=train,
-        serve=serve,
+        **{given[0]: value},
         devices=_devices(data.get("devices", 1), device_count),
         placement=placement,
-        priority=_int(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
+        priority=integer(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_runtime=None if max_runtime is None else float(max_runtime),
-        retries=_int(data, "retries", 0, 0, MAX_RETRIES),
+        retries=integer(data, "retries", 0, 0, MAX_RETRIES),
         env=dict(env),
         workdir=workdir,
-        nodes=_int(data, "nodes", 1, 1, MAX_NODES),
+        nodes=integer(data, "nodes", 1, 1, MAX_NODES),
         slurm=_slurm(data["slurm"]) if "slurm" in data else {},
-        environment=_environment(data.get("environment"), train is not None or serve is not None),
+        environment=_environment(data.get("environment"), given != ["command"]),
     )
 
 
@@ -371,75 +305,31 @@ def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:
 def _slurm(t: object) -> dict[str, Any]:
     """The ``[slurm]`` table, checked, with its defaults filled in."""
     if not isinstance(t, Mapping):
-        raise _bad("slurm", t, 'expected a table, e.g. [slurm] partition = "gpu"')
+        raise bad("slurm", t, 'expected a table, e.g. [slurm] partition = "gpu"')
     unknown = sorted(str(k) for k in t if k not in SLURM_FIELDS)
     if unknown:
         raise ConfigError(f"job spec: unknown field slurm.{unknown[0]}; valid: {', '.join(SLURM_FIELDS)}")
-    _no_nulls(t, "slurm.")
+    no_nulls(t, "slurm.")
     out = {**SLURM_DEFAULTS, **dict(t)}
     for key in ("partition", "account", "qos"):
         v = out.get(key)
         if v is not None and (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v)):
-            raise _bad(f"slurm.{key}", v, "a Slurm name: 1-64 letters, digits, '.', '_' or '-'")
-    out["signal_before_s"] = _int(out, "signal_before_s", 120, 0, 3600, "slurm.")
-    out["max_requeues"] = _int(out, "max_requeues", 20, 0, 1000, "slurm.")
-    out["max_node_failures"] = _int(out, "max_node_failures", 3, 0, 100, "slurm.")
+            raise bad(f"slurm.{key}", v, "a Slurm name: 1-64 letters, digits, '.', '_' or '-'")
+    out["signal_before_s"] = integer(out, "signal_before_s", 120, 0, 3600, "slurm.")
+    out["max_requeues"] = integer(out, "max_requeues", 20, 0, 1000, "slurm.")
+    out["max_node_failures"] = integer(out, "max_node_failures", 3, 0, 100, "slurm.")
     if not isinstance(out["stage_data"], bool):
-        raise _bad("slurm.stage_data", out["stage_data"], "true or false")
+        raise bad("slurm.stage_data", out["stage_data"], "true or false")
     sc = out["scratch"]
     if not isinstance(sc, str) or not sc.startswith("/") or "\0" in sc or len(sc) > 4096:
-        raise _bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
+        raise bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
     ec = out.get("env_cache")
     if ec is not None and (not isinstance(ec, str) or not ec.startswith("/") or "\0" in ec or len(ec) > 4096):
-        raise _bad("slurm.env_cache", ec, 'an absolute path every node sees, e.g. env_cache = "/shared/deskpod-envs"')
+        raise bad("slurm.env_cache", ec, 'an absolute path every node sees, e.g. env_cache = "/shared/deskpod-envs"')
     lim = out.get("scratch_limit_gb")
     if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int | float) or not 0 < lim <= 1e6):
-        raise _bad("slurm.scratch_limit_gb", lim, "gigabytes above 0, e.g. scratch_limit_gb = 500")
+        raise bad("slurm.scratch_limit_gb", lim, "gigabytes above 0, e.g. scratch_limit_gb = 500")
     return out
-
-
-def _serve(t: object) -> dict[str, Any]:
-    """The ``[serve]`` table, checked, with its defaults filled in."""
-    if not isinstance(t, Mapping):
-        raise _bad("serve", t, 'expected a table with run = "/abs/path/runs/NAME"')
-    unknown = sorted(str(k) for k in t if k not in SERVE_FIELDS)
-    if unknown:
-        raise ConfigError(f"job spec: unknown field serve.{unknown[0]}; valid: {', '.join(SERVE_FIELDS)}")
-    _no_nulls(t, "serve.")
-    run = t.get("run")
-    if not isinstance(run, str) or not run.startswith("/") or "\0" in run or len(run) > 4096:
-        raise _bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')
-    model = t.get("model", re.sub(r"[^A-Za-z0-9._-]", "-", Path(run).name).strip(".-_") or "model")
-    if not isinstance(model, str) or not NAME_RE.match(model):
-        raise _bad("serve.model", model, f"use {NAME_HELP}")
-    fmt = t.get("format", "onnx")
-    if fmt not in SERVE_FORMATS:
-        raise _bad("serve.format", fmt, f"use one of {', '.join(SERVE_FORMATS)}")
-    return {
-        "run": run,
-        "model": model,
-        "format": fmt,
-        "max_batch_size": _int(t, "max_batch_size", 32, 1, 4096, "serve."),
-        "max_queue_delay_us": _int(t, "max_queue_delay_us", 2000, 0, 10_000_000, "serve."),
-        "instances": _int(t, "instances", 1, 1, 64, "serve."),
-        "image_input": _flag(t, "image_input"),
-        "grpc": _flag(t, "grpc"),
-    }
-
-
-def _flag(t: Mapping[str, Any], key: str) -> bool:
-    v = t.get(key, False)
-    if not isinstance(v, bool):
-        raise _bad(f"serve.{key}", v, f"expected true or false, e.g. {key} = true")
-    return v
-
-
-def _name_from_argv(command: tuple[str, ...], default: str) -> str:
-    """A listing name from the program: ``python x.py`` -> ``x.py``, ``/bin/sleep 5`` -> ``sleep``."""
-    parts = [Path(a).name for a in command[:2]]
-    pick = parts[1] if len(parts) > 1 and parts[0].startswith("python") and not parts[1].startswith("-") else parts[0]
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", pick).strip(".-_")[:NAME_MAX]
-    return cleaned if cleaned and NAME_RE.match(cleaned) else default
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:
@@ -461,8 +351,6 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     return data
 
 
-NO_NUL = "^[^\\u0000]*$"
-"""A string without NUL characters (JSON Schema pattern)."""
 ABS_PATH: dict[str, Any] = {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}
 SLURM_NAME: dict[str, Any] = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"}
 
@@ -470,14 +358,6 @@ SLURM_NAME: dict[str, Any] = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,6
 REQUIREMENT = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(==[0-9]+(\.[0-9]+)*)?$"
 """The document's form of a package requirement, ``name`` or ``name==version``: a part of PEP 508 (which the
 server reads in full), so that what the document calls valid is."""
-
-
-def _toml_value(depth: int) -> dict[str, Any]:
-    """A value the trainer's TOML file can hold (no nulls), nested at most ``depth`` tables or arrays deep."""
-    if depth == 0:
-        return {"type": ["string", "number", "boolean"]}
-    inner = _toml_value(depth - 1)
-    return {"type": ["string", "number", "boolean", "array", "object"], "items": inner, "additionalProperties": inner}
 
 
 def _env_schema() -> dict[str, Any]:
@@ -508,39 +388,7 @@ SPEC_SCHEMA: dict[str, Any] = {
     ],
     "properties": {
         "name": {"type": "string", "pattern": NAME_RE.pattern},
-        "command": {
-            "type": "array",
-            "items": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},
-            # prefixItems replaces items for the first: it repeats them, and the program is not empty
-            "prefixItems": [{"type": "string", "pattern": NO_NUL, "minLength": 1, "maxLength": MAX_ARG_CHARS}],
-            "minItems": 1,
-            "maxItems": MAX_ARGS,
-            "description": "the argv to execute (no shell); the program, first, is not empty",
-        },
-        "train": {
-            "type": "object",
-            "additionalProperties": _toml_value(3),
-            "description": "deskpod train settings (the fields of its config file), writable as TOML (no nulls),"
-            f" under {MAX_TRAIN_CHARS} characters as JSON",
-        },
-        "serve": {
-            "type": "object",
-            "additionalProperties": False,
-            "required": ["run"],
-            "properties": {
-                "run": {**ABS_PATH, "description": "absolute path of a run folder with checkpoints"},
-                "model": {"type": "string", "pattern": NAME_RE.pattern},
-                "format": {"type": "string", "enum": list(SERVE_FORMATS)},
-                "max_batch_size": {"type": "integer", "minimum": 1, "maximum": 4096},
-                "max_queue_delay_us": {"type": "integer", "minimum": 0, "maximum": 10_000_000},
-                "instances": {"type": "integer", "minimum": 1, "maximum": 64},
-                "image_input": {
-                    "type": "boolean",
-                    "description": "the model takes encoded JPEG/PNG, decoded with the run's own transform",
-                },
-                "grpc": {"type": "boolean", "description": "also serve the v2 gRPC service (its address: serve.json)"},
-            },
-        },
+        **{name: kind.SCHEMA for name, kind in KIND_MODULES.items()},
         "devices": {
             "oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}]
         },

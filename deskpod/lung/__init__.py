@@ -1,4 +1,4 @@
-"""Lung-nodule analysis on chest CT: detect, segment, measure, grade, follow up, and evaluate (issue 13).
+"""Lung-nodule analysis on chest CT: detect, segment, measure, grade, follow up, and evaluate.
 
 An application on top of deskpod's trainer: images in, nodules with their measurements out, and
 the LUNA16 evaluation of a detector (`deskpod.lung.evaluate`). It is decision support, not a

@@ -17,6 +17,8 @@ inference, returning candidates with probabilities in world coordinates (LPS mm)
 
 from __future__ import annotations
 
+import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,6 +322,43 @@ class Detector:
         source = f"detector:{self.run_dir.name}"
         return [Candidate((float(w[0]), float(w[1]), float(w[2])), float(scores[i]), source)
                 for w, i in zip(world, order, strict=True)]  # fmt: skip
+
+
+def scans_to_detect(data: str | None, scans: Sequence[str | Path] = (), *, subset: int | None = None,
+                    fold: int = -1) -> list[tuple[str, Path]]:  # fmt: skip
+    """What to detect on, each scan with its series uid: one subset of a LUNA16 folder (``data = "luna16:PATH"``;
+    default: ``fold``, the detector's held-out one, -1 for the last), or scan files, named after their file."""
+    from deskpod.lung.luna16 import read_layout
+
+    if data is not None:
+        kind, _, path = data.partition(":")
+        if kind != "luna16" or not path:
+            raise ConfigError(f"--data {data!r}: give a LUNA16 folder as luna16:PATH")
+        layout = read_layout(path)
+        chosen = subset if subset is not None else fold
+        chosen = layout.subsets[-1] if chosen < 0 else chosen
+        if chosen not in layout.subsets:
+            raise ConfigError(f"--subset {chosen}: not in {path}; valid: {', '.join(map(str, layout.subsets))}")
+        return [(uid, layout.scans[uid]) for uid in layout.uids([chosen])]
+    if subset is not None:
+        raise ConfigError("--subset goes with --data luna16:PATH, not with --scan")
+    return [(Path(p).name.removesuffix(".gz").rsplit(".", 1)[0], Path(p)) for p in scans]
+
+
+def write_results(detector: Detector, scans: Sequence[tuple[str, Path]], out: Path) -> int:
+    """Detect on each of ``scans`` (`scans_to_detect`) and write the candidates as a LUNA16 results file
+    (``seriesuid,coordX,coordY,coordZ,probability``, world mm) for ``deskpod lung evaluate``; returns their count."""
+    from deskpod.lung.images import read_scan
+
+    rows = 0
+    with out.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["seriesuid", "coordX", "coordY", "coordZ", "probability"])
+        for uid, path in scans:
+            for c in detector.detect(read_scan(path)):
+                writer.writerow([uid, *(f"{v:.3f}" for v in c.world_xyz), f"{c.probability:.6f}"])
+                rows += 1
+    return rows
 
 
 def load_detector(run_dir: str | Path) -> Detector:

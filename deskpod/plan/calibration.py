@@ -1,6 +1,6 @@
 """The tables the stacks are fitted to, and the fits: one table per stack, each of its own era.
 
-**tf1-2017** — the DGX-1 (P100) training throughputs of ``shared/reference/calibration.md`` §4.2:
+**tf1-2017** — the DGX-1 (P100) training throughputs of ``docs/reference/calibration.md#tensorflow-2017``:
 TensorFlow benchmarks, May 2017, FP32, CUDA 8 / cuDNN 5.1, batch 64 (ResNet-50) and 512 (AlexNet)
 per GPU (tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0); and the one CPU
 baseline (§4.4, "CPU baselines"): ResNet-50, 90 epochs of ImageNet in 711 h on a dual Xeon
@@ -51,10 +51,10 @@ from deskpod.plan.predict import Factors, predict_plan
 from deskpod.plan.stacks import PYTORCH_2021, STACKS, TF1_2017
 from deskpod.plan.workload import IMAGENET_TRAIN_IMAGES, MODELS, Precision, Workload
 
-SOURCE = "tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0 (calibration.md 4.2)"
+SOURCE = "tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0 (docs/reference/calibration.md#tensorflow-2017)"
 DLE_SOURCE = (
     "NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md @291f0d02, "
-    "'Training performance: NVIDIA DGX-1 32GB (8x V100 32GB)', pytorch-21.03 (calibration.md 4.1b)"
+    "'Training performance: NVIDIA DGX-1 32GB (8x V100 32GB)', pytorch-21.03 (docs/reference/calibration.md#pytorch-2021)"
 )
 
 
@@ -92,7 +92,7 @@ POINTS: tuple[Point, ...] = tuple(
 )
 MACHINE = "dgx1-p100"
 CPU_MACHINE = "xeon-e5-2699v4-2s"
-CPU_SOURCE = "scan.co.uk deep-learning-hardware: ResNet-50, 90 epochs, 711 h (calibration.md 4.4)"
+CPU_SOURCE = "scan.co.uk: ResNet-50, 90 epochs, 711 h (docs/reference/calibration.md#cpu-baseline)"
 CPU_HOURS = 711.0
 CPU_POINT = Point("resnet50", 2, "real", IMAGENET_TRAIN_IMAGES * 90 / (CPU_HOURS * 3600), 64)
 """The CPU baseline: 2 devices = the two sockets; batch 64 per socket (the figure does not say; in the

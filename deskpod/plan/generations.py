@@ -4,7 +4,7 @@ Each stack is fitted to one table of one GPU generation (`deskpod.plan.calibrati
 about other generations under the same software is the test of the first-principles part: the
 machine's peak per precision and unit, memory bandwidth, links and cores, with the stack's factors
 unchanged. The figures here were not used to fit anything and are not in
-``shared/reference/calibration.md``; each row names its source exactly. Only figures read from a
+``docs/reference/calibration.md``; each row names its source exactly. Only figures read from a
 stored source are listed (none from memory).
 
 * pytorch-2021 on the DGX A100 80GB: the same README and commit as the §4.1b table the stack is

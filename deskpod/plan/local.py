@@ -25,7 +25,9 @@ the pixel count (exact for convolutions; the final layers of ResNets do not depe
 from __future__ import annotations
 
 import json
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,57 @@ class Calibration:
         f = dict(d["factors"])
         f["channels_last"] = tuple(f.get("channels_last", ()))  # a JSON list; absent in calibrations before it
         return cls(Measurements(**m), Factors(**f), float(d["ring_bandwidth"]), str(d["when"]))
+
+
+def measure(model: str = "resnet18", shape: str = "3x112x112", batch: int = 8, steps: int = 3, *,
+            log: Callable[[str], None] = lambda text: None) -> Measurements:  # fmt: skip
+    """Measure this box for `fit_local`: doctor (matmul and memory copy per device), bench train ``model`` on
+    synthetic ``shape`` data with ``batch`` per device for ``steps`` on every device, and bench comm (an all-reduce
+    of the model's gradients, on more than one device). ``log`` hears what is measured next."""
+    from deskpod.comm.bench import CommBenchConfig, run_comm_bench
+    from deskpod.environment import Environment
+    from deskpod.hardware.doctor import run_doctor
+    from deskpod.train.bench import BenchRequest, run_bench
+    from deskpod.train.data import parse_shape
+
+    c, h, w = parse_shape(shape)
+    cost = scaled_model(model, (c, h, w))
+    log("calibrate: deskpod doctor (matmul and memory copy per device) ...")
+    report = run_doctor()
+
+    def median_of(name: str) -> float:
+        values = [ck.measured for ck in report.checks if ck.name == name and ck.measured is not None]
+        if not values:
+            raise RunError(f"calibrate: doctor measured no {name}")
+        return float(statistics.median(values))
+
+    peak, copy = median_of("matmul fp32"), median_of("memory copy")
+    log(f"calibrate: bench train {model} {shape} batch {batch} on every device ...")
+    train = run_bench(BenchRequest(model=model, data=f"synthetic:{shape}", batch_size=batch, steps=steps, warmup=1,
+                                   reference=False))  # fmt: skip
+    row = train["rows"][-1]
+    busbw = 0.0
+    if row["devices"] > 1:
+        grad = int(cost.params_m * 1e6 * 4)
+        log(f"calibrate: bench comm all_reduce of {grad} bytes ...")
+        comm = run_comm_bench(CommBenchConfig(collectives=("all_reduce",), min_bytes=grad, max_bytes=grad, iters=5,
+                                              warmup=2, devices=row["devices"]))  # fmt: skip
+        if comm["wrong"]:
+            raise RunError("calibrate: bench comm returned wrong results")
+        busbw = comm["rows"][-1]["busbw"]
+    return Measurements(kind=report.kind, devices=row["devices"], cores=Environment.read().cpu_count, peak_tflops=peak,
+                        memory_bandwidth_gbs=copy, model=model, batch=batch, shape=(c, h, w),
+                        images_per_s=row["images_per_s"], comm_busbw_gbs=busbw)  # fmt: skip
+
+
+def read_measurements(path: Path) -> Measurements:
+    """Measurements written as JSON (``deskpod plan calibrate --from-json``: another box's, or an earlier run's)."""
+    try:
+        data = json.loads(path.read_text())
+        data["shape"] = tuple(data["shape"])
+        return Measurements(**data)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise UsageError(f"--from-json {path}: not a measurements file ({e})") from None
 
 
 def scaled_model(model: str, shape: tuple[int, int, int]) -> ModelCost:

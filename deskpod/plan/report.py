@@ -1,7 +1,7 @@
 """``deskpod plan report``: published claims and results against the model, each row under a named stack.
 
-Each claim row: the claim as published, its source (``shared/reference/calibration.md`` §4.4 and
-§4.2), the **stack** that predicted it (`deskpod.plan.stacks`), what the model predicts for the same
+Each claim row: the claim as published, its source (``docs/reference/calibration.md``), the **stack**
+that predicted it (`deskpod.plan.stacks`), what the model predicts for the same
 thing, the ratio predicted / claimed and the error. A row whose software is its stack's own
 (the same benchmark page, the same table) says "own"; a row from other software (Caffe, Caffe2,
 MXNet, unnamed vendor software) is predicted with the fitted stack nearest its era and **marked**
@@ -34,8 +34,8 @@ PT = PYTORCH_2021.name
 NO_STACK = "-"
 """A peak-FLOPS claim: arithmetic on the catalog, no software."""
 
-ITWIRE = "itwire.com DGX-1 article (calibration.md 4.4)"
-TF_BENCHMARKS = "tensorflow/docs benchmarks.md @62da04c0, the comparison row (calibration.md 4.2)"
+ITWIRE = "itwire.com DGX-1 article (docs/reference/calibration.md#published-claims)"
+TF_BENCHMARKS = "tensorflow/docs benchmarks.md @62da04c0, K80 row (docs/reference/calibration.md#tensorflow-2017)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +118,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("... against 150 hours on a dual Xeon server", ITWIRE, 150, "h",
           "same run in FP32 on the dual E5-2697 v3 model", lambda s: _hours(ALEX_CPU, "xeon-e5-2697v3-2s", s), TF,
           UNNAMED_2016),
-    Claim("75x faster DL training than a dual Xeon E5-2697 v3", "sheffield_hpc dgx-1.rst; deskpod source documents",
+    Claim("75x faster DL training than a dual Xeon E5-2697 v3", "sheffield_hpc dgx-1.rst; 2016 DGX-1 launch articles",
           75, "x", "AlexNet images/s, DGX-1 P100 FP16 over dual Xeon FP32",
           lambda s: _rate(ALEX_GPU, "dgx1-p100", s) / _rate(ALEX_CPU, "xeon-e5-2697v3-2s", s), TF, UNNAMED_2016),
     Claim("more than 250 Xeon servers to match a DGX-1", ITWIRE, 250, "servers",

@@ -8,7 +8,7 @@ precision, CUDA cores otherwise; `deskpod.plan.predict.PEAK_FALLBACK`), memory b
 NICs and CPU cores — and the stack gives the few factors that turn them into a step time.
 
 * ``tf1-2017`` — TensorFlow 1.x ``tf_cnn_benchmarks``, May 2017, CUDA 8 / cuDNN 5.1. Fitted to the
-  DGX-1 (P100) table, ``shared/reference/calibration.md`` §4.2 (`deskpod.plan.calibration.fit`).
+  DGX-1 (P100) table, ``docs/reference/calibration.md#tensorflow-2017`` (`deskpod.plan.calibration.fit`).
   NCHW throughout (``tf_cnn_benchmarks --data_format=NCHW``, as its README runs it on GPUs), so where
   it is asked for a Tensor Core precision its convolutions pay the layout changes the P100 never had.
 * ``pytorch-2021`` — PyTorch in NGC's pytorch-21.03 container as NVIDIA's DeepLearningExamples
@@ -42,7 +42,7 @@ class Stack:
     title: str
     """The software, as its table's source describes it."""
     fitted_to: str
-    """The one table its factors are fitted to (section of calibration.md and its source)."""
+    """The one table its factors are fitted to (its section of docs/reference/calibration.md and its source)."""
     factors: Factors
     not_fitted: str
     """Which factors that table cannot show, and what they are set to instead."""
@@ -51,11 +51,11 @@ class Stack:
 TF1_2017 = Stack(
     name="tf1-2017",
     title="TensorFlow 1.x tf_cnn_benchmarks, May 2017, FP32, CUDA 8 / cuDNN 5.1",
-    fitted_to="calibration.md 4.2: DGX-1 (P100) ResNet-50 and AlexNet, 1-8 GPUs, synthetic and real "
+    fitted_to="docs/reference/calibration.md#tensorflow-2017: DGX-1 (P100) ResNet-50 and AlexNet, 1-8 GPUs, synthetic and real "
     "(tensorflow/docs site/en/r1/guide/performance/benchmarks.md @62da04c0)",
     factors=Factors(),
     not_fitted="no GPU factor is left unfitted; by the fit's shape the input pipeline adds to the step and gradients "
-    "are all-reduced in the precision's bytes; cpu_compute_efficiency is the CPU baseline's (calibration.md 4.4); "
+    "are all-reduced in the precision's bytes; cpu_compute_efficiency is the CPU baseline's (docs/reference/calibration.md#cpu-baseline); "
     "NCHW throughout (tf_cnn_benchmarks --data_format=NCHW), so Tensor Core precisions pay the layout changes of "
     "deskpod.plan.factors.TRANSPOSE_MOVES (the P100 has no Tensor Cores: derived, not fitted)",
 )
@@ -64,7 +64,7 @@ PYTORCH_2021 = Stack(
     name="pytorch-2021",
     title="PyTorch, NGC pytorch-21.03 (NVIDIA DeepLearningExamples ResNet-50 v1.5: native AMP, channels_last "
     "for AMP and NCHW otherwise, PyTorch DataLoader workers, DDP over NCCL; configs.yml @7bdfc81d)",
-    fitted_to="calibration.md 4.1b: DGX-1 32GB (V100) ResNet-50 v1.5, FP32 batch 112 and AMP batch 256, 1 and 8 "
+    fitted_to="docs/reference/calibration.md#pytorch-2021: DGX-1 32GB (V100) ResNet-50 v1.5, FP32 batch 112 and AMP batch 256, 1 and 8 "
     "GPUs (NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md @291f0d02)",
     factors=Factors(
         compute_efficiency=1.084623,
@@ -80,7 +80,7 @@ PYTORCH_2021 = Stack(
     ),
     not_fitted="overlap 1.0 (DDP all-reduces gradient buckets while the backward pass runs) and comm_efficiency "
     "1.0 (the cost model's link-rate bound): one DGX-1 hides its all-reduce behind the backward pass, so the "
-    "table cannot show either (what its FP32 8-GPU row loses, 9.3 ms a step, is sync_s, fitted); cpu_compute_efficiency is the 2016-17 CPU baseline's (calibration.md 4.4); "
+    "table cannot show either (what its FP32 8-GPU row loses, 9.3 ms a step, is sync_s, fitted); cpu_compute_efficiency is the 2016-17 CPU baseline's (docs/reference/calibration.md#cpu-baseline); "
     "no TF32 figure (V100 has none): TF32 runs at the TF32 Tensor Core peak with the stack's one compute efficiency, "
     "in NCHW as configs.yml has it, so its convolutions pay the layout changes of deskpod.plan.factors.TRANSPOSE_MOVES "
     "(derived, not fitted: neither fitted row has them, FP32 running on CUDA cores and AMP in channels_last)",

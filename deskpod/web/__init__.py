@@ -21,10 +21,15 @@ rest of deskpod never imports this package.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from deskpod.jobs.pod import Pod
 
 
-def dashboard(app: Any, pod: Any) -> None:
+def dashboard(app: FastAPI, pod: Pod) -> None:
     """Mount the dashboard on the pod service's app (an extension for `deskpod.jobs.api.create_app`)."""
     from deskpod.web.app import mount
 

@@ -24,7 +24,9 @@ from deskpod.errors import DeskpodError
 from deskpod.files import write_json
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
+from deskpod.web.app import Web
 from deskpod.web.failures import failure
+from deskpod.web.session import Viewer
 
 JOB_NAME = "calibrate"
 OUTPUT = "local.json"
@@ -40,11 +42,11 @@ def job_spec() -> dict[str, Any]:
     return {"name": JOB_NAME, "command": argv, "devices": "all"}
 
 
-def _waiting_path(web: Any) -> Path:
+def _waiting_path(web: Web) -> Path:
     return Path(web.home) / WAITING_FILE
 
 
-def waiting_job(web: Any) -> JobRecord | None:
+def waiting_job(web: Web) -> JobRecord | None:
     """The calibration job the pod waits for, if any."""
     try:
         doc = json.loads(_waiting_path(web).read_text())
@@ -54,7 +56,7 @@ def waiting_job(web: Any) -> JobRecord | None:
     return job
 
 
-def _remember(web: Any, job: JobRecord | None) -> None:
+def _remember(web: Web, job: JobRecord | None) -> None:
     path = _waiting_path(web)
     if job is None:
         path.unlink(missing_ok=True)
@@ -63,7 +65,7 @@ def _remember(web: Any, job: JobRecord | None) -> None:
     write_json(path, {"job": job.id})
 
 
-def start(web: Any, who: Any) -> JobRecord:
+def start(web: Web, who: Viewer) -> JobRecord:
     """Queue the calibration job as ``who`` (or return the one already queued or running: one at a time)."""
     current = waiting_job(web)
     if current is not None and (current.state is JobState.QUEUED or current.state.active):
@@ -73,7 +75,7 @@ def start(web: Any, who: Any) -> JobRecord:
     return job
 
 
-def collect(web: Any) -> dict[str, Any] | None:
+def collect(web: Web) -> dict[str, Any] | None:
     """Where the awaited calibration stands, as the page says it: None when no job is awaited (or its result was
     just stored: the caller then finds the calibration), else ``{"job", "state", "message"}``."""
     from deskpod.plan import local

@@ -10,6 +10,7 @@ not a number, or a job that is not a training, is a 400 with a message saying wh
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -20,7 +21,9 @@ from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord, job_number
 from deskpod.train.runs import RunPaths
 from deskpod.web import render, stream
+from deskpod.web.app import Web
 from deskpod.web.runinfo import display, read_summary, resolved_config
+from deskpod.web.series import Series
 from deskpod.web.session import Viewer, viewer
 from deskpod.web.terminal import TENSORBOARD_PORT, event_folder, tensorboard_line
 
@@ -61,9 +64,30 @@ def parse_ids(text: str) -> list[str]:
     return ids
 
 
-def _run(web: Any, job: JobRecord, i: int) -> dict[str, Any]:
+@dataclass
+class CompareRun:
+    """One run of the comparison: who and what it is, its config, its final metrics."""
+
+    id: str
+    name: str
+    user: str
+    state: str
+    label: str
+    color: str
+    """Its colour in every chart: ``--s1`` .. ``--s6``."""
+    run: str | None
+    config_source: str
+    config: dict[str, Any]
+    """The resolved config, by dotted key (`runinfo.resolved_config`)."""
+    summary: dict[str, Any]
+    """The `FINAL_KEYS` of its ``summary.json`` (None where it has none)."""
+    last: dict[str, float | None]
+    """The last train loss, validation accuracy and step in its metrics."""
+
+
+def _run(web: Web, job: JobRecord, i: int) -> tuple[CompareRun, Series | None]:
     run = web.run_dir(job)
-    config = resolved_config(web, job) or {"source": "", "values": {}}
+    config = resolved_config(web, job)
     summary = read_summary(run) or {}
     series = web.series.get(RunPaths(run).metrics) if run is not None else None
     last = {
@@ -71,47 +95,79 @@ def _run(web: Any, job: JobRecord, i: int) -> dict[str, Any]:
         "val_accuracy": None if series is None else series.last("val", "val_accuracy"),
         "step": None if series is None else series.last("train", "step"),
     }
-    return {
-        "id": str(job.id),
-        "name": job.name,
-        "user": job.user,
-        "state": job.state.value,
-        "label": f"job {job.id} · {job.name}",
-        "color": f"--s{i % COLORS + 1}",
-        "run": None if run is None else str(run),
-        "config_source": config["source"],
-        "config": config["values"],
-        "summary": {k: summary.get(k) for k, _ in FINAL_KEYS},
-        "last": last,
-        "_series": series,
-    }
+    got = CompareRun(
+        id=str(job.id),
+        name=job.name,
+        user=job.user,
+        state=job.state.value,
+        label=f"job {job.id} · {job.name}",
+        color=f"--s{i % COLORS + 1}",
+        run=None if run is None else str(run),
+        config_source="" if config is None else config.source,
+        config={} if config is None else config.values,
+        summary={k: summary.get(k) for k, _ in FINAL_KEYS},
+        last=last,
+    )
+    return got, series
 
 
-def config_diff(runs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+@dataclass
+class Differ:
+    key: str
+    values: list[str | None]
+    """Each run's value as text, None where it lacks the key."""
+
+
+@dataclass
+class Same:
+    key: str
+    value: str
+
+
+@dataclass
+class ConfigDiff:
+    differ: list[Differ]
+    same: list[Same]
+
+
+def config_diff(runs: list[CompareRun]) -> ConfigDiff:
     """Keys whose values differ across the runs (a key one run lacks differs), and the keys they share."""
-    keys = sorted(set().union(*(r["config"] for r in runs))) if runs else []
-    differ, same = [], []
+    keys = sorted(set().union(*(r.config for r in runs))) if runs else []
+    differ: list[Differ] = []
+    same: list[Same] = []
     missing = object()
     for k in keys:
-        values = [r["config"].get(k, missing) for r in runs]
+        values = [r.config.get(k, missing) for r in runs]
         shown = [None if v is missing else display(v) for v in values]
         if all(v is not missing for v in values) and all(v == values[0] for v in values[1:]):
-            same.append({"key": k, "value": shown[0]})
+            same.append(Same(k, display(values[0])))
         else:
-            differ.append({"key": k, "values": shown})
-    return {"differ": differ, "same": same}
+            differ.append(Differ(k, shown))
+    return ConfigDiff(differ, same)
 
 
-def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any], int]:
+@dataclass
+class ComparePage:
+    """The Compare page's data (its twin: ``/ui/compare.json?jobs=...``)."""
+
+    jobs: str
+    picker: list[dict[str, Any]]
+    final_keys: list[dict[str, str]]
+    runs: list[CompareRun] = field(default_factory=list)
+    charts: list[stream.Chart] = field(default_factory=list)
+    diff: ConfigDiff | None = None
+    tensorboard: str | None = None
+    error: str | None = render.unless_none()
+
+
+def compare_view(web: Web, who: Viewer, jobs: str | None) -> tuple[ComparePage, int]:
     """The Compare page's data and its HTTP status (400 with ``error`` for a bad id list)."""
     owner = who.owner_filter()
     picker = [  # the newest training runs, however many jobs of other kinds came after them
         {"id": str(j.id), "name": j.name, "user": j.user, "state": j.state.value, "submitted_at": j.submitted_at}
         for j in web.store.jobs(user=owner, kind="train", limit=PICKER_JOBS)
     ]
-    data: dict[str, Any] = {"jobs": jobs or "", "picker": picker, "runs": [], "charts": [], "diff": None,
-                            "tensorboard": None}  # fmt: skip
-    data["final_keys"] = [{"key": k, "label": label} for k, label in FINAL_KEYS]
+    data = ComparePage(jobs or "", picker, [{"key": k, "label": label} for k, label in FINAL_KEYS])
     if not jobs:
         return data, 200
     try:
@@ -121,28 +177,25 @@ def compare_view(web: Any, who: Viewer, jobs: str | None) -> tuple[dict[str, Any
             if j.spec.train is None:
                 raise ConfigError(f"job {j.id} ({j.name}) is a {j.spec.kind} job; only training runs can be compared")
     except ConfigError as e:
-        data["error"] = str(e)
+        data.error = str(e)
         return data, 400
     runs = [_run(web, j, i) for i, j in enumerate(records)]
     per_run = max(200, stream.MAX_POINTS // max(1, len(runs)))
-    charts = []
     for c in stream.CHARTS:
         for kind, key, label in c.series:
             title = c.title if len(c.series) == 1 else f"{c.title} ({label})"
-            lines = []
-            for r in runs:
-                s = r["_series"]
-                points = [] if s is None else s.points(kind, key, max_points=per_run)
-                lines.append({"id": r["id"], "label": r["label"], "color": r["color"], "points": points})
-            charts.append({"id": f"{c.id}-{kind}", "title": title, "unit": c.unit, "series": lines})
-    for r in runs:
-        del r["_series"]
-    events = {f"job{j.id}": tb for j in records if (tb := event_folder(web, j)) is not None}
-    data.update(runs=runs, charts=charts, diff=config_diff(runs), tensorboard=tensorboard_line(events))
+            lines = [
+                stream.ChartLine(r.id, r.label, r.color, [] if s is None else s.points(kind, key, max_points=per_run))
+                for r, s in runs
+            ]
+            data.charts.append(stream.Chart(f"{c.id}-{kind}", title, c.unit, lines))
+    data.runs = [r for r, _ in runs]
+    data.diff = config_diff(data.runs)
+    data.tensorboard = tensorboard_line({f"job{j.id}": tb for j in records if (tb := event_folder(web, j)) is not None})
     return data, 200
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/compare.json")
     @app.get("/compare")
     def compare_page(request: Request, who: Signed) -> Response:
@@ -155,6 +208,6 @@ def register(app: FastAPI, web: Any) -> None:
         if jobs is not None and len(jobs) > 400:
             raise ConfigError("jobs=...: too long; compare at most 8 runs, e.g. jobs=3,5")
         data, status = compare_view(web, who, jobs)
-        title = "Compare runs" if not data["runs"] else "Compare " + ", ".join(f"job {r['id']}" for r in data["runs"])
+        title = "Compare runs" if not data.runs else "Compare " + ", ".join(f"job {r.id}" for r in data.runs)
         return render.page(request, "compare.html", data, who, title=title, status=status,
                            extra={"tensorboard_port": TENSORBOARD_PORT})  # fmt: skip

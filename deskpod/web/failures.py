@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from deskpod.envs.userfiles import open_beneath
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
+from deskpod.web.app import Web
 
 TAIL_BYTES = 64 << 10
 """How much of the log's end is read for the line: enough for a worker's traceback after it."""
@@ -59,7 +59,7 @@ def log_tail(folder: Path, name: str = "output.log", size: int = TAIL_BYTES) -> 
     return data.decode(errors="replace")
 
 
-def failure(web: Any, job: JobRecord) -> str | None:
+def failure(web: Web, job: JobRecord) -> str | None:
     """Why a failed job failed, as its ``deskpod`` command said it (None for a job that did not fail, or that
     said nothing: a command of the user's own, killed, or out of memory)."""
     if job.state is not JobState.FAILED:

@@ -15,8 +15,8 @@ it changed (``store.version``), so polling never queues behind the scheduler.
 
 from __future__ import annotations
 
-import json
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -27,6 +27,7 @@ from deskpod.hardware.summary import describe
 from deskpod.hardware.topology import Topology
 from deskpod.hardware.usage import Usage, UsageSampler
 from deskpod.web import render
+from deskpod.web.app import Web
 from deskpod.web.session import ROOT, Viewer, viewer
 from deskpod.web.topology_svg import link_counts, nearest_devices, nic_groups, nvlink_total, render_svg
 
@@ -40,7 +41,7 @@ SUMMARY = "home.topology"
 ANSWERS = "home.usage_answers"
 
 
-def sampler(web: Any) -> UsageSampler:
+def sampler(web: Web) -> UsageSampler:
     """The daemon's one usage sampler (made on first use, shared by every page and poll)."""
     got = web.cache.get(SAMPLER)
     if got is None:
@@ -52,7 +53,7 @@ STATUS_MAX_AGE_S = 1.0
 """While the store keeps changing (a busy queue), the holders are re-read at most this often."""
 
 
-def pod_status(web: Any, max_age_s: float = 0.0) -> dict[str, Any]:
+def pod_status(web: Web, max_age_s: float = 0.0) -> dict[str, Any]:
     """`Pod.status` (holders and counts): reused while the store is unchanged, and for up to ``max_age_s``
     while it changes — the polls pass `STATUS_MAX_AGE_S`, so any number of open pages costs at most one
     read a second; a page load passes 0 and sees the store as it is."""
@@ -70,8 +71,33 @@ def simulated(topology: Topology | None) -> bool:
     return topology is not None and topology.source.startswith("catalog:")
 
 
-def device_rows(web: Any, who: Viewer, status: dict[str, Any], usage: Usage) -> list[dict[str, Any]]:
-    """Each device: who holds it, and its live figures where NVML gives them."""
+@dataclass
+class DeviceRow:
+    """One device: who holds it, and its live figures where NVML gives them."""
+
+    index: int
+    kind: str
+    label: str
+    name: str
+    job: str | None
+    user: str | None
+    job_name: str | None
+    """Only for the job's owner and admins."""
+    can_open: bool
+    utilization: float | None
+    memory_used: int | None
+    memory_total: int | None
+
+
+@dataclass
+class Counts:
+    queued: int
+    running: int
+    devices: int
+    free: int
+
+
+def device_rows(web: Web, who: Viewer, status: dict[str, Any], usage: Usage) -> list[DeviceRow]:
     topo: Topology | None = web.pod.topology
     kind = topo.kind if topo is not None else web.pod.device_kind
     # NVML's GPUs are this box's: they are the pod's devices only when the pod schedules this box's GPUs.
@@ -84,29 +110,29 @@ def device_rows(web: Any, who: Viewer, status: dict[str, Any], usage: Usage) -> 
         g = live.get(i)
         model = info.model if info is not None and info.model != "cpu" else ""
         rows.append(
-            {
-                "index": i,
-                "kind": kind,
-                "label": info.label if info is not None else f"{kind}:{i}",
-                "name": (g.name if g is not None else model) or ("CPU worker slot" if kind == "cpu" else "GPU"),
-                "job": d["job"],
-                "user": d["user"],
-                "job_name": d["name"] if mine else None,
-                "can_open": mine,
-                "utilization": None if g is None else g.utilization,
-                "memory_used": None if g is None else g.memory_used,
-                "memory_total": None if g is None else g.memory_total,
-            }
+            DeviceRow(
+                index=i,
+                kind=kind,
+                label=info.label if info is not None else f"{kind}:{i}",
+                name=(g.name if g is not None else model) or ("CPU worker slot" if kind == "cpu" else "GPU"),
+                job=d["job"],
+                user=d["user"],
+                job_name=d["name"] if mine else None,
+                can_open=mine,
+                utilization=None if g is None else g.utilization,
+                memory_used=None if g is None else g.memory_used,
+                memory_total=None if g is None else g.memory_total,
+            )
         )
     return rows
 
 
-def counts(status: dict[str, Any], devices: list[dict[str, Any]]) -> dict[str, int]:
-    free = sum(1 for d in devices if d["job"] is None)
-    return {"queued": status["queued"], "running": status["running"], "devices": len(devices), "free": free}
+def counts(status: dict[str, Any], devices: list[DeviceRow]) -> Counts:
+    free = sum(1 for d in devices if d.job is None)
+    return Counts(status["queued"], status["running"], len(devices), free)
 
 
-def topology_summary(web: Any, topology: Topology) -> dict[str, Any]:
+def topology_summary(web: Web, topology: Topology) -> dict[str, Any]:
     """The facts table's data (``describe`` without the pair matrix), computed once per topology."""
     hit = web.cache.get(SUMMARY)
     if hit is not None and hit[0] is topology:
@@ -165,24 +191,41 @@ def topology_summary(web: Any, topology: Topology) -> dict[str, Any]:
     return summary
 
 
-def usage_data(web: Any, who: Viewer, max_age_s: float = 0.0) -> dict[str, Any]:
-    """What the page's script polls: live figures, the devices' holders, the queue counts."""
+@dataclass
+class PodUsage:
+    """What the page's script polls (``/ui/pod/usage.json``): live figures, the devices' holders, the queue counts."""
+
+    usage: dict[str, Any]
+    """`Usage.to_json`."""
+    devices: list[DeviceRow]
+    counts: Counts
+
+
+@dataclass
+class PodPage(PodUsage):
+    """The Pod page's data (and its twin ``/ui/pod.json``): the polled part, and the topology's facts."""
+
+    topology: dict[str, Any] | None
+    """`topology_summary`; None when the pod knows no topology."""
+    runs_on: str
+    """The kind of device jobs run on (``cuda``, ``cpu``), which a catalog machine's topology does not say."""
+
+
+def usage_data(web: Web, who: Viewer, max_age_s: float = 0.0) -> PodUsage:
     usage = sampler(web).latest()
     status = pod_status(web, max_age_s)
     devices = device_rows(web, who, status, usage)
-    return {"usage": usage.to_json(), "devices": devices, "counts": counts(status, devices)}
+    return PodUsage(usage.to_json(), devices, counts(status, devices))
 
 
-def pod_data(web: Any, who: Viewer) -> dict[str, Any]:
-    """The Pod page's data (and its JSON twin)."""
-    data = usage_data(web, who)
+def pod_data(web: Web, who: Viewer) -> PodPage:
+    now = usage_data(web, who)
     topo: Topology | None = web.pod.topology
-    data["topology"] = None if topo is None else topology_summary(web, topo)
-    data["runs_on"] = web.pod.device_kind
-    return data
+    summary = None if topo is None else topology_summary(web, topo)
+    return PodPage(now.usage, now.devices, now.counts, topology=summary, runs_on=web.pod.device_kind)
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     sampler(web)  # its first /proc/stat sample now, so the first page shows a real delta
 
     @app.get("/pod.json")
@@ -192,7 +235,7 @@ def register(app: FastAPI, web: Any) -> None:
         extra: dict[str, Any] = {"config": {"usage_url": f"{ROOT}/pod/usage.json", "interval_ms": POLL_MS}}
         topo: Topology | None = web.pod.topology
         if topo is not None and not render.wants_json(request):
-            held = {d["index"]: str(d["job"]) for d in data["devices"] if d["job"] is not None}
+            held = {d.index: str(d.job) for d in data.devices if d.job is not None}
             extra["picture"] = render_svg(topo, held=held)
         return render.page(request, "home.html", data, who, title="Pod", extra=extra)
 
@@ -204,5 +247,5 @@ def register(app: FastAPI, web: Any) -> None:
         hit = answers.get(key)
         if hit is None or now - hit[0] >= STATUS_MAX_AGE_S:
             data = await run_in_threadpool(usage_data, web, who, STATUS_MAX_AGE_S)
-            hit = answers[key] = (now, json.dumps(data, separators=(",", ":")).encode())
+            hit = answers[key] = (now, render.json_text(data, separators=(",", ":")).encode())
         return Response(hit[1], media_type="application/json", headers={"Cache-Control": "no-store"})

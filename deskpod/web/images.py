@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from deskpod.errors import ConfigError
+from deskpod.web.app import Web
 
 MAX_PIXELS = 40_000_000
 """The largest image (width × height) decoded: a small file can claim a huge canvas (a decompression bomb)."""
@@ -84,7 +85,7 @@ def data_url(im: Any, side: int = PREVIEW_SIDE, *, upscale: bool = False) -> str
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def test_sample(web: Any, index: int) -> tuple[Any, int, str]:
+def test_sample(web: Web, index: int) -> tuple[Any, int, str]:
     """Fashion-MNIST test image ``index`` (a PIL image), its label and the label's name."""
     from PIL import Image
 

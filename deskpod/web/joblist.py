@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -35,6 +36,7 @@ from deskpod.jobs.states import REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import render
+from deskpod.web.app import Web
 from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
 
 PAGE_SIZE = 50
@@ -48,7 +50,7 @@ FORECAST_MAX_AGE_S = 1.0
 Signed = Annotated[Viewer, Depends(viewer)]
 
 
-def forecast(web: Any) -> Forecast:
+def forecast(web: Web) -> Forecast:
     """The queue's forecast, recomputed only when the store changed (and at most once a second)."""
     version, now = web.store.version, time.time()
     cached = web.cache.get("forecast")
@@ -59,7 +61,19 @@ def forecast(web: Any) -> Forecast:
     return got  # type: ignore[no-any-return]
 
 
-def progress(web: Any, job: JobRecord) -> dict[str, Any] | None:
+@dataclass
+class Progress:
+    """How far a train job's run has got."""
+
+    step: int
+    total_steps: int | None
+    fraction: float | None
+    loss: list[float]
+    """The train loss, downsampled to `SPARK_POINTS` (the Jobs page's sparkline)."""
+    last_loss: float | None
+
+
+def progress(web: Web, job: JobRecord) -> Progress | None:
     """Step, total steps and recent loss of a train job's run (None before it has written any)."""
     run = web.run_dir(job)
     if run is None:
@@ -70,16 +84,11 @@ def progress(web: Any, job: JobRecord) -> dict[str, Any] | None:
     step = series.last("train", "step") or 0
     total = _total_steps(web, RunPaths(run).launch)
     loss = [p[1] for p in series.points("train", "loss", max_points=SPARK_POINTS)]
-    return {
-        "step": int(step),
-        "total_steps": total,
-        "fraction": min(1.0, step / total) if total else None,
-        "loss": loss,
-        "last_loss": series.last("train", "loss"),
-    }
+    fraction = min(1.0, step / total) if total else None
+    return Progress(int(step), total, fraction, loss, series.last("train", "loss"))
 
 
-def _total_steps(web: Any, launch: Path) -> int | None:
+def _total_steps(web: Web, launch: Path) -> int | None:
     """``total_steps`` from the run's ``launch.json``, re-read only when the file changes."""
     st = stat_path(launch)  # the job's user may have put a link or a FIFO there
     if st is None:
@@ -96,7 +105,7 @@ def _total_steps(web: Any, launch: Path) -> int | None:
     return hit[1]
 
 
-def job_row(web: Any, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
+def job_row(web: Web, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
     """One job as the Jobs page (and its JSON twin) shows it."""
     row = job.to_json()
     queued = job.state is JobState.QUEUED and fc is not None
@@ -114,10 +123,26 @@ def job_row(web: Any, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
     return row
 
 
-def list_jobs(
-    web: Any, who: Viewer, *, user: str | None, state: str | None, name: str | None, before: int | None, limit: int
-) -> dict[str, Any]:
+@dataclass
+class JobsPage:
     """The Jobs page's data: filters (with a message per bad one), the page of jobs, the cursor."""
+
+    filters: dict[str, str]
+    errors: dict[str, str]
+    states: list[str]
+    users: list[str]
+    counts: dict[str, int] | None
+    """Jobs per state in the whole pod (admins only)."""
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    """`job_row` of each job of the page."""
+    total: int = 0
+    next: str | None = None
+    """The ``before=`` cursor of the next page, None on the last."""
+
+
+def list_jobs(
+    web: Web, who: Viewer, *, user: str | None, state: str | None, name: str | None, before: int | None, limit: int
+) -> JobsPage:
     errors: dict[str, str] = {}
     states = None
     owner = who.owner_filter()
@@ -131,27 +156,24 @@ def list_jobs(
             owner = visible_owner(who.user, user)
         except DeskpodError as e:
             errors["user"] = str(e)
-    out: dict[str, Any] = {
-        "filters": {"user": user or "", "state": state or "", "name": name or ""},
-        "errors": errors,
-        "states": [s.value for s in JobState],
-        "users": [u.name for u in web.store.users()] if who.user.admin else [who.user.name],
-        "counts": web.store.counts() if who.user.admin else None,
-        "jobs": [],
-        "total": 0,
-        "next": None,
-    }
+    out = JobsPage(
+        filters={"user": user or "", "state": state or "", "name": name or ""},
+        errors=errors,
+        states=[s.value for s in JobState],
+        users=[u.name for u in web.store.users()] if who.user.admin else [who.user.name],
+        counts=web.store.counts() if who.user.admin else None,
+    )
     if errors:
         return out
     jobs = web.store.jobs(user=owner, states=states, name=name or None, before=before, limit=limit)
     fc = forecast(web) if any(j.state is JobState.QUEUED for j in jobs) else None
-    out["jobs"] = [job_row(web, j, fc) for j in jobs]
-    out["total"] = web.store.count(user=owner, states=states, name=name or None)
-    out["next"] = str(jobs[-1].id) if len(jobs) == limit else None
+    out.jobs = [job_row(web, j, fc) for j in jobs]
+    out.total = web.store.count(user=owner, states=states, name=name or None)
+    out.next = str(jobs[-1].id) if len(jobs) == limit else None
     return out
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/jobs.json")
     @app.get("/jobs")
     def jobs_page(
@@ -164,13 +186,13 @@ def register(app: FastAPI, web: Any) -> None:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = PAGE_SIZE,
     ) -> Response:
         data = list_jobs(web, who, user=user, state=state, name=name, before=before, limit=limit)
-        status = 400 if data["errors"] else 200
-        keep = {k: v for k, v in data["filters"].items() if v}
+        status = 400 if data.errors else 200
+        keep = {k: v for k, v in data.filters.items() if v}
         extra = {
             "now": time.time(),
             "request_before": before is not None,
             "first_query": urlencode(keep),
-            "next_query": urlencode({**keep, "before": data["next"]}) if data["next"] else "",
+            "next_query": urlencode({**keep, "before": data.next}) if data.next else "",
         }
         return render.page(request, "jobs.html", data, who, title="Jobs", status=status, extra=extra)
 
@@ -218,7 +240,7 @@ def register(app: FastAPI, web: Any) -> None:
         return _after(request, web.pod.requeue(who.user, job_id), fields.get("next"))
 
 
-def bulk_action(web: Any, who: Viewer, action: str, ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def bulk_action(web: Web, who: Viewer, action: str, ids: list[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Cancel or requeue each job of ``ids`` as the single action does (the pod checks who may touch which):
     the jobs as each action left them, and a message per job it refused (another user's job is "not found")."""
     done: list[dict[str, Any]] = []

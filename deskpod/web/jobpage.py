@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
@@ -29,9 +30,10 @@ from deskpod.errors import ConfigError
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import logs, render, stacks, stream
+from deskpod.web.app import Web
 from deskpod.web.failures import failure
-from deskpod.web.joblist import progress
-from deskpod.web.runinfo import checkpoints, read_summary, resolved_config
+from deskpod.web.joblist import Progress, progress
+from deskpod.web.runinfo import Checkpoint, RunConfig, checkpoints, read_summary, resolved_config
 from deskpod.web.series import KINDS
 from deskpod.web.session import ROOT, SignedIn, Viewer, form_csrf, viewer
 from deskpod.web.terminal import TENSORBOARD_PORT, deskpod_line, event_folder, tensorboard_line
@@ -39,54 +41,90 @@ from deskpod.web.terminal import TENSORBOARD_PORT, deskpod_line, event_folder, t
 Signed = Annotated[Viewer, Depends(viewer)]
 
 
-def job_view(web: Any, job: JobRecord, max_points: int = stream.MAX_POINTS) -> dict[str, Any]:
-    """Everything the Job page shows, and the cursor its live stream goes on from."""
+@dataclass
+class LogTail:
+    """The end of ``output.log`` the page starts with; the stream goes on from ``offset``."""
+
+    file: str
+    text: str
+    offset: int
+    cut: bool
+    """True when the log is longer than what is shown."""
+
+
+@dataclass
+class Commands:
+    """Terminal lines for what the page shows in part: the whole log, the run in TensorBoard."""
+
+    logs: str
+    tensorboard: str | None
+
+
+@dataclass
+class JobPage:
+    """Everything the Job page shows (its twin: ``/ui/jobs/<id>.json``), and the cursor its stream goes on from."""
+
+    job: dict[str, Any]
+    """`JobRecord.to_json`."""
+    live: stream.Live
+    run: str | None
+    progress: Progress | None
+    charts: list[stream.Chart]
+    cursor: str
+    events_url: str
+    log: LogTail
+    log_files: list[str]
+    checkpoints: list[Checkpoint]
+    config: RunConfig | None
+    failure: str | None
+    summary: dict[str, Any] | None
+    commands: Commands
+    search: dict[str, Any] | None = None
+    """`logs.search`'s results on the search page."""
+    stacks: dict[str, Any] | None = None
+    """`stacks.stacks`' answer after "where is it now?"."""
+
+
+def job_view(web: Web, job: JobRecord, max_points: int = stream.MAX_POINTS) -> JobPage:
     run = web.run_dir(job)
     folder = web.pod.job_folder(job)
     cursor = stream.Cursor()
-    charts: list[dict[str, Any]] = []
-    ckpts: list[dict[str, Any]] = []
+    charts: list[stream.Chart] = []
+    ckpts: list[Checkpoint] = []
     if run is not None:
         metrics = RunPaths(run).metrics
         st = stat_path(metrics)  # before reading: a file replaced meanwhile resets the stream
         cursor.inode = 0 if st is None else st.st_ino
         s = web.series.get(metrics)
         cursor.rows = {k: s.rows(k) for k in KINDS}
-        points = stream.chart_points(s, cursor.rows, max_points)
-        charts = stream.chart_defs()
-        for c in charts:
-            for line in c["series"]:
-                line["points"] = points[line["id"]]
+        charts = stream.charts(stream.chart_points(s, cursor.rows, max_points))
         ckpts = checkpoints(run, s)
     text, offset, cut = logs.tail(folder / "output.log")
     cursor.log = offset
-    live = stream.job_state(job, web.store.events(job.id))
     tb = event_folder(web, job)
-    return {
-        "job": job.to_json(),
-        "live": live,
-        "run": None if run is None else str(run),
-        "progress": progress(web, job) if run is not None else None,
-        "charts": charts,
-        "cursor": cursor.encode(),
-        "events_url": f"{ROOT}/jobs/{job.id}/events",
-        "log": {"file": "output.log", "text": text, "offset": offset, "cut": cut},
-        "log_files": [f.label for f in logs.log_files(folder, run)],
-        "checkpoints": ckpts,
-        "config": resolved_config(web, job),
-        "failure": failure(web, job),
-        "summary": read_summary(run),
-        "search": None,
-        "stacks": None,
-        "commands": {
-            "logs": deskpod_line(web, ["deskpod", "logs", str(job.id)]),
-            "tensorboard": None if tb is None else tensorboard_line({f"job{job.id}": tb}),
-        },
-    }
+    return JobPage(
+        job=job.to_json(),
+        live=stream.job_state(job, web.store.events(job.id)),
+        run=None if run is None else str(run),
+        progress=progress(web, job) if run is not None else None,
+        charts=charts,
+        cursor=cursor.encode(),
+        events_url=f"{ROOT}/jobs/{job.id}/events",
+        log=LogTail("output.log", text, offset, cut),
+        log_files=[f.label for f in logs.log_files(folder, run)],
+        checkpoints=ckpts,
+        config=resolved_config(web, job),
+        failure=failure(web, job),
+        summary=read_summary(run),
+        commands=Commands(
+            logs=deskpod_line(web, ["deskpod", "logs", str(job.id)]),
+            tensorboard=None if tb is None else tensorboard_line({f"job{job.id}": tb}),
+        ),
+    )
 
 
-def _page(request: Request, who: Viewer, job: JobRecord, data: dict[str, Any], status: int = 200) -> Response:
-    spec_text = json.dumps(data["job"]["spec"], indent=2, ensure_ascii=False)
+def _page(request: Request, who: Viewer, job: JobRecord, data: JobPage, status: int = 200) -> Response:
+    spec_text = json.dumps(data.job["spec"], indent=2, ensure_ascii=False)
     return render.page(
         request,
         "job.html",
@@ -98,12 +136,12 @@ def _page(request: Request, who: Viewer, job: JobRecord, data: dict[str, Any], s
     )
 
 
-def run_search(web: Any, job: JobRecord, q: str, regex: bool, context: int) -> dict[str, Any]:
+def run_search(web: Web, job: JobRecord, q: str, regex: bool, context: int) -> dict[str, Any]:
     files = logs.log_files(web.pod.job_folder(job), web.run_dir(job))
     return logs.search(files, q, regex=regex, context=context)
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/jobs/{job_id}/search")
     @app.get("/jobs/{job_id}/search.json")
     def search_page(
@@ -120,9 +158,9 @@ def register(app: FastAPI, web: Any) -> None:
         data = job_view(web, job)
         status = 200
         try:
-            data["search"] = run_search(web, job, q, regex, context)
+            data.search = run_search(web, job, q, regex, context)
         except ConfigError as e:
-            data["search"] = {"error": str(e), "query": q, "regex": regex, "context": context}
+            data.search = {"error": str(e), "query": q, "regex": regex, "context": context}
             status = 400
         return _page(request, who, job, data, status)
 
@@ -149,7 +187,7 @@ def register(app: FastAPI, web: Any) -> None:
         if render.wants_json(request):
             return JSONResponse(result)
         data = await asyncio.to_thread(job_view, web, job)
-        data["stacks"] = result
+        data.stacks = result
         return _page(request, who, job, data)
 
     @app.get("/jobs/{job_id}")

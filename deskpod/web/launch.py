@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode
@@ -41,7 +42,12 @@ from starlette.concurrency import run_in_threadpool
 
 from deskpod.envs.accounts import Account
 from deskpod.errors import ConfigError, ConflictError, DataError, DeskpodError, UsageError
+from deskpod.hardware.topology import Topology
+from deskpod.jobs.kinds import train as train_kind
+from deskpod.jobs.kinds.train import FLAGS, float_text
+from deskpod.jobs.store import JobRecord
 from deskpod.web import datasets, networks, render
+from deskpod.web.app import Web
 from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
 from deskpod.web.terminal import deskpod_line
 
@@ -53,7 +59,6 @@ TRAIN_FIELDS = ("devices", "epochs", "steps", "batch_size", "precision", "optimi
 STATE = ("data", "model", *TRAIN_FIELDS)
 """Everything the three steps choose: the query of every step's URL."""
 MAX_VALUE = 4096
-FLAGS = {"batch_size": "--batch-size", "precision": "--precision", "optimizer": "--optimizer", "lr": "--lr"}
 CALIBRATE_HELP = (
     "It measures the devices' FLOP rate and memory copies, a short training and an all-reduce, a few minutes in "
     "all, and keeps the fit with the pod's state"
@@ -67,11 +72,7 @@ def defaults() -> dict[str, str]:
     d = TrainConfig()
     return {"data": d.data, "model": d.model, "devices": d.devices, "epochs": str(d.epochs), "steps": "",
             "batch_size": str(d.batch_size), "precision": d.precision, "optimizer": d.optimizer,
-            "lr": _float_text(d.lr), "name": d.name}  # fmt: skip
-
-
-def _float_text(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(x)
+            "lr": float_text(d.lr), "name": d.name}  # fmt: skip
 
 
 def read_state(params: Mapping[str, str]) -> dict[str, str]:
@@ -119,7 +120,7 @@ def _number(raw: str, kind: type) -> int | float | str:
 
 
 def check_train(
-    web: Any, state: Mapping[str, str], summary: Mapping[str, Any]
+    web: Web, state: Mapping[str, str], summary: Mapping[str, Any]
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The train fields as typed values, and a message per bad field (the trainer's and the device parser's)."""
     from deskpod.hardware.devices import parse_device_spec
@@ -173,10 +174,7 @@ def job_spec(state: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, A
     for key in FLAGS:
         if values[key] != _typed_default(key):
             train[key] = values[key]
-    spec: dict[str, Any] = {"train": train, "devices": values["devices"]}
-    if values["name"]:
-        spec["name"] = values["name"]
-    return spec
+    return train_kind.spec(train, devices=values["devices"], name=values["name"] or None)
 
 
 def _typed_default(key: str) -> Any:
@@ -186,24 +184,8 @@ def _typed_default(key: str) -> Any:
 
 
 def cli_line(spec: Mapping[str, Any]) -> str:
-    """``deskpod train --submit ...`` with the flags that queue exactly ``spec`` (`cli_argv`)."""
-    return shlex.join(cli_argv(spec))
-
-
-def cli_argv(spec: Mapping[str, Any]) -> list[str]:
-    """The argv of ``deskpod train --submit ...`` that queues exactly ``spec``; the page shows it as a line that names
-    the pod (`deskpod.web.terminal.deskpod_line`)."""
-    t = spec["train"]
-    argv = ["deskpod", "train", "--submit", "--model", t["model"], "--data", t["data"]]
-    argv += ["--steps", str(t["steps"])] if "steps" in t else ["--epochs", str(t["epochs"])]
-    for key, flag in FLAGS.items():
-        if key in t:
-            argv += [flag, _float_text(t[key]) if key == "lr" else str(t[key])]
-    if spec["devices"] != "all":
-        argv += ["--devices", str(spec["devices"])]
-    if "name" in spec:
-        argv += ["--name", spec["name"]]
-    return argv
+    """``deskpod train --submit ...`` with the flags that queue exactly ``spec`` (`train_kind.submit_argv`)."""
+    return shlex.join(train_kind.submit_argv(spec))
 
 
 def curl_line(spec: Mapping[str, Any], url: str) -> str:
@@ -216,50 +198,72 @@ def curl_line(spec: Mapping[str, Any], url: str) -> str:
 
 
 # --------------------------------------------------------------------------- placement and prediction
-def placement(web: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass
+class Ring:
+    """The all-reduce rings between the placed devices (`deskpod.comm.rings`)."""
+
+    bandwidth: float
+    """GB/s per direction."""
+    kind: str
+    rings: int
+
+
+@dataclass
+class Placement:
     """Which devices the scheduler would give this job now, and the ring bandwidth between them."""
+
+    k: int
+    free: list[int]
+    text: str = ""
+    devices: list[int] | None = None
+    """None: it would wait."""
+    reason: str = ""
+    ever: bool = True
+    """False: the job can never fit this box."""
+    ring: Ring | None = None
+    ring_text: str = ""
+    note: str = ""
+
+
+def placement(web: Web, values: Mapping[str, Any]) -> Placement:
     from deskpod.hardware.placement import Unplaceable
 
     k = len(values["indices"])
     status = web.pod.status()
     held = {d["index"] for d in status["devices"] if d["job"] is not None}
-    free = [d for d in range(web.pod.device_count) if d not in held]
+    out = Placement(k, [d for d in range(web.pod.device_count) if d not in held])
     what = "GPU" if web.pod.device_kind == "cuda" else "CPU worker slot"
-    out: dict[str, Any] = {"k": k, "free": free, "devices": None, "reason": "", "ever": True, "ring": None,
-                           "ring_text": "", "note": ""}  # fmt: skip
-    got = web.pod.place(free, k, "best")
+    got = web.pod.place(out.free, k, "best")
     if isinstance(got, Unplaceable):
-        out.update(reason=got.reason, ever=got.ever)
-        out["text"] = f"It would wait: {got.reason}."
+        out.reason, out.ever, out.text = got.reason, got.ever, f"It would wait: {got.reason}."
     else:
-        out.update(devices=list(got.devices), reason=got.reason)
+        out.devices, out.reason = list(got.devices), got.reason
         shown = ", ".join(map(str, got.devices))
-        out["text"] = f"{what}{'s' if k != 1 else ''} {shown} — {got.reason}"
-        out["ring"], out["ring_text"] = _ring(web.pod.topology, got.devices)
+        out.text = f"{what}{'s' if k != 1 else ''} {shown} — {got.reason}"
+        out.ring, out.ring_text = _ring(web.pod.topology, got.devices)
     named = values.get("named")
     if named:
-        out["note"] = (
+        out.note = (
             f"A job asks the pod for a count: you named {', '.join(map(str, named))}, so it asks for {k} and the "
             "scheduler picks which (above: its pick now)."
         )
     queued = status["queued"]
     if queued:
-        out["note"] = (out["note"] + f" {queued} job{'s are' if queued != 1 else ' is'} queued now.").strip()
+        out.note = (out.note + f" {queued} job{'s are' if queued != 1 else ' is'} queued now.").strip()
     return out
 
 
-def _ring(topology: Any, devices: tuple[int, ...]) -> tuple[dict[str, Any] | None, str]:
+def _ring(topology: Topology | None, devices: tuple[int, ...]) -> tuple[Ring | None, str]:
     from deskpod.comm.rings import build_rings
 
     if topology is None:
         return None, ""
     if len(devices) < 2:
-        return {"bandwidth": 0.0, "kind": "none", "rings": 0}, "One device: no all-reduce, so no ring."
+        return Ring(0.0, "none", 0), "One device: no all-reduce, so no ring."
     rings = build_rings(topology, devices)
-    ring = {"bandwidth": rings.bandwidth, "kind": rings.kind, "rings": len(rings.rings)}
     n = len(rings.rings)
     return (
-        ring,
+        Ring(rings.bandwidth, rings.kind, n),
         f"Ring bandwidth {rings.bandwidth:g} GB/s per direction ({n} {rings.kind} ring{'s' if n != 1 else ''}).",
     )
 
@@ -277,20 +281,28 @@ def _plan_precision(precision: str, kind: str, machine: str | None) -> str:
     return "bf16"
 
 
-def job_layout(web: Any, k: int) -> dict[str, Any]:
+@dataclass
+class Layout:
+    """Workers × threads per worker of a job, and that said in words."""
+
+    workers: int
+    threads: int | None
+    """None: the trainer's default (one worker per GPU)."""
+    text: str
+
+
+def job_layout(web: Web, k: int) -> Layout:
     """How the trainer lays out a job of ``k`` of the pod's devices: workers × threads per worker, decided by the
     trainer's own function (`deskpod.train.launcher.pod_job_devices`), so that the prediction assumes the layout
     the job then runs (on a CPU box of one NUMA node, 2 slots are 1 worker of 2 threads, not 2 workers)."""
     if web.pod.config.machine is not None:  # a catalog machine's GPUs: one worker each
-        return {"workers": k, "threads": None, "text": f"{k} worker{'s' if k != 1 else ''}, one per GPU"}
+        return Layout(k, None, f"{k} worker{'s' if k != 1 else ''}, one per GPU")
     from deskpod.train.launcher import pod_job_devices
 
     kind = web.pod.device_kind
     confinement = web.pod.confinement
     limits = confinement.limits(tuple(range(k))) if confinement is not None and kind == "cpu" else None
     if limits is not None and limits.cpus is not None:  # a pinned job sees only its cores, its slots from 0
-        from dataclasses import replace
-
         from deskpod.environment import Environment
 
         env = replace(Environment.read(), cpu_count=len(limits.cpus))
@@ -299,20 +311,39 @@ def job_layout(web: Any, k: int) -> dict[str, Any]:
         devices = pod_job_devices(kind, range(k))
     workers = len(devices)
     if kind != "cpu":
-        return {
-            "workers": workers,
-            "threads": None,
-            "text": f"{workers} worker{'s' if workers != 1 else ''}, one per GPU",
-        }
+        return Layout(workers, None, f"{workers} worker{'s' if workers != 1 else ''}, one per GPU")
     threads = devices[0].threads
     text = (f"{k} CPU slot{'s' if k != 1 else ''} run as {workers} worker{'s' if workers != 1 else ''} of "
             f"{threads} thread{'s' if threads != 1 else ''}")  # fmt: skip
-    return {"workers": workers, "threads": threads, "text": text}
+    return Layout(workers, threads, text)
 
 
-def prediction(
-    web: Any, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]
-) -> dict[str, Any]:
+@dataclass
+class Prediction:
+    """The plan's time for a job; the plan's figures (the fields after ``can_calibrate``) only when it has one."""
+
+    machine: str
+    calibrated: bool = False
+    message: str = ""
+    rows: list[list[str]] = field(default_factory=list)
+    """``[label, figure as text]``."""
+    layout: Layout | None = None
+    calibration_job: dict[str, Any] | None = None
+    """`calibration.collect`: the calibration job awaited, if any."""
+    can_calibrate: bool = False
+    when: str | None = render.unless_none()
+    precision: str | None = render.unless_none()
+    epochs: float | None = render.unless_none()
+    global_batch: int | None = render.unless_none()
+    time_to_train_s: float | None = render.unless_none()
+    images_per_s: float | None = render.unless_none()
+    step_s: float | None = render.unless_none()
+    compute_s: float | None = render.unless_none()
+    comm_s: float | None = render.unless_none()
+    scaling_efficiency: float | None = render.unless_none()
+
+
+def prediction(web: Web, info: Mapping[str, Any], summary: Mapping[str, Any], values: Mapping[str, Any]) -> Prediction:
     """The plan's time for this job on this box: calibrated (machine ``local``), or the catalog machine the pod
     runs as; otherwise a plain "not calibrated" and how to calibrate (a calibration job, `deskpod.web.calibration`),
     with no number. The plan assumes the workers and threads the trainer will run (`job_layout`)."""
@@ -323,43 +354,42 @@ def prediction(
 
     k = len(values["indices"])
     machine = web.pod.config.machine
-    out: dict[str, Any] = {"machine": machine or local.LOCAL, "calibrated": False, "message": "", "rows": [],
-                           "layout": None, "calibration_job": None, "can_calibrate": False}  # fmt: skip
+    out = Prediction(machine or local.LOCAL)
     try:
-        layout = out["layout"] = job_layout(web, k)
+        layout = out.layout = job_layout(web, k)
     except DeskpodError as e:
-        out["message"] = f"No prediction: {e}."
+        out.message = f"No prediction: {e}."
         return out
-    workers = int(layout["workers"])
+    workers = layout.workers
     batch = int(values["batch_size"])
     steps = int(values["steps"] or 0)
     try:
         epochs = steps * batch * workers / summary["train_size"] if steps else float(values["epochs"])
     except OverflowError:  # a count of hundreds of digits (a field holds up to MAX_VALUE characters)
-        out["message"] = "No prediction: a run this long is past what a float can count."
+        out.message = "No prediction: a run this long is past what a float can count."
         return out
     home = Path(web.home).resolve()
     factors = None
     if machine is None:
         if not local.calibration_path(home).exists():
-            out["calibration_job"] = calibration.collect(web)  # a finished calibration job's fit is stored here
+            out.calibration_job = calibration.collect(web)  # a finished calibration job's fit is stored here
         try:
             cal = local.load(home)
         except UsageError as e:
-            job = out["calibration_job"]
-            out["can_calibrate"] = job is None or job["state"] not in ("queued", "starting", "building", "running")
+            job = out.calibration_job
+            out.can_calibrate = job is None or job["state"] not in ("queued", "starting", "building", "running")
             if job is not None:
-                out["message"] = job["message"]
+                out.message = job["message"]
             elif local.calibration_path(home).exists():
-                out["message"] = f"No predicted time: {e}."  # a damaged file: its own message
+                out.message = f"No predicted time: {e}."  # a damaged file: its own message
             else:
-                out["message"] = (
+                out.message = (
                     "This box is not calibrated, so there is no predicted time. Calibrate it with the button below "
                     f"(a job on every device of the pod), or as the pod's admin with: "
                     f"DESKPOD_HOME={shlex.quote(str(home))} deskpod plan calibrate. {CALIBRATE_HELP}."
                 )
             return out
-        factors, kind, out["when"] = cal.factors, cal.measurements.kind, cal.when
+        factors, kind, out.when = cal.factors, cal.measurements.kind, cal.when
     else:
         from deskpod.hardware.catalog import find_machine
 
@@ -372,24 +402,24 @@ def prediction(
             data="real" if summary["kind"] == "imagefolder" else "synthetic",  # in-memory data decodes nothing
         )  # fmt: skip
         plan = predict_plan(w, machine or local.LOCAL, devices_per_node=workers, factors=factors, home=home,
-                            threads=layout["threads"])  # fmt: skip
+                            threads=layout.threads)  # fmt: skip
     except UsageError as e:
-        out["message"] = f"No prediction: {e}."
+        out.message = f"No prediction: {e}."
         return out
-    out.update(
-        calibrated=True, precision=precision, epochs=epochs, global_batch=batch * workers,
+    out = replace(
+        out, calibrated=True, precision=precision, epochs=epochs, global_batch=batch * workers,
         time_to_train_s=plan.time_to_train_s, images_per_s=plan.images_per_s, step_s=plan.step_s,
         compute_s=plan.compute_s, comm_s=plan.exposed_comm_s, scaling_efficiency=plan.scaling_efficiency,
     )  # fmt: skip
-    out["rows"] = [
+    out.rows = [
         ["Time to train", render.duration(plan.time_to_train_s)],
         ["Images/s", _figure(plan.images_per_s)],
         ["Step time", f"{_figure(plan.step_s * 1e3)} ms"],
     ]
     where = f"machine {machine} (the pod runs as it)" if machine else f"this box as calibrated on {cal.when}"
-    out["message"] = (
+    out.message = (
         f"{render.number(epochs)} epoch{'s' if epochs != 1 else ''} of {summary['train_size']:,} images at "
-        f"{precision}, {layout['text']} × batch {batch}: the plan for {where}. Starting the workers "
+        f"{precision}, {layout.text} × batch {batch}: the plan for {where}. Starting the workers "
         "and loading the data come on top."
     )
     return out
@@ -407,11 +437,11 @@ def _fashion_root() -> Path:
     return Environment.read().fashion_mnist_dir
 
 
-def _cache(web: Any, name: str) -> dict[Any, Any]:
+def _cache(web: Web, name: str) -> dict[Any, Any]:
     return web.cache.setdefault(name, {})  # type: ignore[no-any-return]
 
 
-def reader(web: Any, who: Viewer) -> Account | None:
+def reader(web: Web, who: Viewer) -> Account | None:
     """Whose rights the signed-in user's image folders are read with: on a root pod, their OS account (the one
     their jobs run as), so the dashboard shows them what their jobs could read and nothing more; else the
     dashboard's own."""
@@ -430,28 +460,41 @@ def _reading(data: str, account: Account | None, read: Callable[[], T]) -> T:
         ) from None
 
 
-def explore(web: Any, who: Viewer, data: str) -> dict[str, Any]:
+def explore(web: Web, who: Viewer, data: str) -> dict[str, Any]:
     account = reader(web, who)
     return _reading(data, account, lambda: datasets.explore(data, _cache(web, "datasets"), _fashion_root(), account))
 
 
-def network(web: Any, model: str, summary: Mapping[str, Any]) -> dict[str, Any]:
+def network(web: Web, model: str, summary: Mapping[str, Any]) -> dict[str, Any]:
     return networks.network(model, summary["input_shape"], summary["num_classes"], _cache(web, "networks"),
                             cwd=Path(web.home))  # fmt: skip
 
 
-def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info: Mapping[str, Any],
-            url: str) -> dict[str, Any]:  # fmt: skip
-    """Step 3's live part: errors per field, placement, prediction, the job spec and its CLI and API forms."""
+@dataclass
+class Preview:
+    """Step 3's live part (twin ``/ui/new/preview.json``): errors per field, placement, prediction, the job spec
+    and its CLI and API forms."""
+
+    errors: dict[str, str]
+    query: str
+    error: str = ""
+    placement: Placement | None = None
+    prediction: Prediction | None = None
+    spec: dict[str, Any] | None = None
+    cli: str = ""
+    curl: str = ""
+
+
+def preview(web: Web, state: Mapping[str, str], summary: Mapping[str, Any], info: Mapping[str, Any],
+            url: str) -> Preview:  # fmt: skip
     values, errors = check_train(web, state, summary)
-    out: dict[str, Any] = {"errors": errors, "error": "", "placement": None, "prediction": None, "spec": None,
-                           "cli": "", "curl": "", "query": state_query(state)}  # fmt: skip
+    out = Preview(errors, state_query(state))
     if "devices" not in errors:
-        out["placement"] = place = placement(web, values)
-        if not place["ever"]:
-            errors["devices"] = f"job can never fit this box: {place['reason']}"  # what the pod's submit says
+        out.placement = place = placement(web, values)
+        if not place.ever:
+            errors["devices"] = f"job can never fit this box: {place.reason}"  # what the pod's submit says
     if not errors.keys() & {"devices", "epochs", "steps", "batch_size", "precision"}:
-        out["prediction"] = prediction(web, info, summary, values)
+        out.prediction = prediction(web, info, summary, values)
     if errors:
         return out
     spec = job_spec(state, values)
@@ -464,19 +507,34 @@ def preview(web: Any, state: Mapping[str, str], summary: Mapping[str, Any], info
         if field:
             errors[field] = str(e)
         else:
-            out["error"] = str(e)
+            out.error = str(e)
         return out
-    out.update(spec=spec, cli=deskpod_line(web, cli_argv(spec)), curl=curl_line(spec, url))
+    out.spec, out.cli, out.curl = spec, deskpod_line(web, train_kind.submit_argv(spec)), curl_line(spec, url)
     return out
 
 
-def view(web: Any, who: Viewer, state: dict[str, str], asked: str | None, url: str) -> tuple[dict[str, Any], int]:
+@dataclass
+class NewPage:
+    """The New training page's data (twin ``/ui/new.json``) for the step the choices reach."""
+
+    step: int
+    choices: dict[str, str]
+    defaults: dict[str, str]
+    errors: dict[str, str]
+    datasets: list[dict[str, str]]
+    error: str = ""
+    dataset: dict[str, Any] | None = None
+    """`datasets.explore` of the chosen dataset."""
+    networks: list[dict[str, Any]] | None = None
+    network: dict[str, Any] | None = None
+    preview: Preview | None = None
+
+
+def view(web: Web, who: Viewer, state: dict[str, str], asked: str | None, url: str) -> tuple[NewPage, int]:
     """The page's data for the step the choices reach, and its HTTP status (400 when a choice is bad)."""
     errors: dict[str, str] = {}
     step = step_of(state, asked)
-    out: dict[str, Any] = {"step": step, "choices": state, "defaults": defaults(), "errors": errors, "error": "",
-                           "datasets": list(datasets.CARDS), "dataset": None, "networks": None, "network": None,
-                           "preview": None}  # fmt: skip
+    out = NewPage(step, state, defaults(), errors, list(datasets.CARDS))
     summary = None
     if state["data"]:
         try:
@@ -486,27 +544,26 @@ def view(web: Any, who: Viewer, state: dict[str, str], asked: str | None, url: s
             errors["data"] = str(e)
             step = 1
     if summary is not None and step >= 2:
-        out["dataset"] = summary
+        out.dataset = summary
         if step == 2:
-            out["networks"] = networks.cards(summary["input_shape"], summary["num_classes"], _cache(web, "networks"))
+            out.networks = networks.cards(summary["input_shape"], summary["num_classes"], _cache(web, "networks"))
     if summary is not None and state["model"]:
         info = network(web, state["model"], summary)
         if info["error"]:
             errors["model"] = info["error"]
             step = min(step, 2)
-            if out["networks"] is None:
-                out["networks"] = networks.cards(summary["input_shape"], summary["num_classes"],
-                                                 _cache(web, "networks"))  # fmt: skip
+            if out.networks is None:
+                out.networks = networks.cards(summary["input_shape"], summary["num_classes"], _cache(web, "networks"))
         elif step == 3:
-            out["network"] = info
-            out["preview"] = pv = preview(web, state, summary, info, url)
-            errors.update(pv["errors"])
-            out["error"] = pv["error"]
-    out["step"] = step
-    return out, 400 if errors or out["error"] else 200
+            out.network = info
+            out.preview = pv = preview(web, state, summary, info, url)
+            errors.update(pv.errors)
+            out.error = pv.error
+    out.step = step
+    return out, 400 if errors or out.error else 200
 
 
-def _extra(web: Any, state: dict[str, str]) -> dict[str, Any]:
+def _extra(web: Web, state: dict[str, str]) -> dict[str, Any]:
     """What only the HTML needs: links that keep the choices, and formatting."""
     from deskpod.train.config import OPTIMIZERS, PRECISIONS
 
@@ -546,22 +603,22 @@ def _pod_url(request: Request) -> str:
     return f"{request.url.scheme}://{request.url.netloc}"
 
 
-def start(web: Any, who: Viewer, state: dict[str, str], url: str) -> tuple[dict[str, Any], int, Any]:
+def start(web: Web, who: Viewer, state: dict[str, str], url: str) -> tuple[NewPage, int, JobRecord | None]:
     """Check every choice, then queue the job: (page data, status, the job or None)."""
     data, status = view(web, who, state, None, url)
-    if status != 200 or data["step"] != 3:
+    if status != 200 or data.step != 3 or data.preview is None or data.preview.spec is None:
         return data, 400, None
     try:
-        job = web.pod.submit(who.user, data["preview"]["spec"])
+        job = web.pod.submit(who.user, data.preview.spec)
     except DeskpodError as e:
         from deskpod.jobs.api import status_of
 
-        data["error"] = str(e)
+        data.error = str(e)
         return data, status_of(e), None
     return data, 201, job
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/new.json")
     @app.get("/new")
     def new_page(request: Request, who: Signed, step: Annotated[str | None, Query(max_length=1)] = None) -> Response:
@@ -576,9 +633,9 @@ def register(app: FastAPI, web: Any) -> None:
         """Step 3's live part for the query's values (200 with ``errors`` for bad values: it is a check)."""
         state = read_state(request.query_params)
         data, _ = view(web, who, state, None, _pod_url(request))
-        if data["preview"] is not None:
-            return JSONResponse(data["preview"])
-        return JSONResponse({"errors": data["errors"], "error": "choose a dataset and a network first",
+        if data.preview is not None:
+            return render.json_response(data.preview)
+        return JSONResponse({"errors": data.errors, "error": "choose a dataset and a network first",
                              "query": state_query(state)}, status_code=400)  # fmt: skip
 
     @app.post("/new")

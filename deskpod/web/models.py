@@ -39,6 +39,7 @@ import io
 import json
 import time
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -53,11 +54,13 @@ from starlette.datastructures import UploadFile
 from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, TooLargeError
 from deskpod.jobs.api import status_of
+from deskpod.jobs.kinds.serve import FORMATS, LIMITS
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.serve.images import ImagePreprocess, prepared_image
-from deskpod.train.runs import NAME_MAX, RunPaths
+from deskpod.train.runs import RunPaths
 from deskpod.web import render
+from deskpod.web.app import Web
 from deskpod.web.failures import failure
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
 from deskpod.web.runinfo import has_checkpoint
@@ -77,7 +80,6 @@ METADATA_TIMEOUT_S = 2.0
 INFER_TIMEOUT_S = 30.0
 FAILED_METADATA_RETRY_S = 5.0
 """A server that did not answer is asked again after this long (the page stays fast meanwhile)."""
-FORMATS = ("onnx", "torch")
 ACTIVE = (JobState.QUEUED, JobState.STARTING, JobState.BUILDING, JobState.RUNNING)
 
 
@@ -120,7 +122,7 @@ def loopback_address(address: object) -> str | None:
     return f"127.0.0.1:{int(port)}"
 
 
-def train_job_of(web: Any, who: Viewer, run: str) -> str | None:
+def train_job_of(web: Web, who: Viewer, run: str) -> str | None:
     """The id of the train job whose run folder ``run`` is, if it is one and the viewer may see it."""
     try:
         rel = Path(run).relative_to(web.home / "jobs").parts
@@ -144,7 +146,7 @@ def fashion_run(run: str) -> bool:
     return config.get("data") == "fashion-mnist"
 
 
-def metadata(web: Any, job: JobRecord, url: str, model: str, pid: object) -> tuple[dict[str, Any] | None, str]:
+def metadata(web: Web, job: JobRecord, url: str, model: str, pid: object) -> tuple[dict[str, Any] | None, str]:
     """The model's metadata from its server (cached while the server lives), or None and why not."""
     cache: dict[tuple[int, str, object], tuple[float, dict[str, Any] | None, str]] = web.cache.setdefault(
         "models.metadata", {}
@@ -171,92 +173,132 @@ def metadata(web: Any, job: JobRecord, url: str, model: str, pid: object) -> tup
     return got, error
 
 
-def summarize(meta: dict[str, Any]) -> dict[str, Any]:
-    """What the page shows of a model's metadata: its tensors and how many labels it has."""
+@dataclass
+class Tensor:
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass
+class ModelInfo:
+    """What the page shows of a model's metadata (KServe v2): its tensors and how many labels it has."""
+
+    platform: str | None
+    versions: list[str]
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    labels: int
+
+
+def summarize(meta: dict[str, Any]) -> ModelInfo:
     labels = (meta.get("parameters") or {}).get("labels") or []
 
-    def tensors(key: str) -> list[dict[str, Any]]:
+    def tensors(key: str) -> list[Tensor]:
         return [
-            {"name": str(t.get("name")), "datatype": str(t.get("datatype")), "shape": list(t.get("shape") or [])}
+            Tensor(str(t.get("name")), str(t.get("datatype")), list(t.get("shape") or []))
             for t in meta.get(key) or []
             if isinstance(t, dict)
         ]
 
-    return {
-        "platform": meta.get("platform"),
-        "versions": list(meta.get("versions") or []),
-        "inputs": tensors("inputs"),
-        "outputs": tensors("outputs"),
-        "labels": len(labels),
-    }
+    platform, versions = meta.get("platform"), list(meta.get("versions") or [])
+    return ModelInfo(platform, versions, tensors("inputs"), tensors("outputs"), len(labels))
 
 
-def deployment(web: Any, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> dict[str, Any]:
+@dataclass
+class Deployment:
     """One serve job as the Models page shows it: state, status, URL, readiness, the model's metadata."""
+
+    id: str
+    name: str
+    user: str
+    state: str
+    reason: str
+    devices: int
+    assigned: list[int]
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    model: str | None
+    format: str | None
+    max_batch_size: int | None
+    run: str | None
+    run_name: str
+    train_job: str | None
+    """The id of the train job whose run this serves, if the viewer may see it."""
+    image_input: bool
+    can_stop: bool
+    url: str | None = None
+    grpc: str | None = None
+    pid: int | None = None
+    ready: bool = False
+    status: str = "queued"
+    """queued, starting, ready, error, stopping, stopped or failed."""
+    detail: str = ""
+    metadata: ModelInfo | None = None
+    """`summarize` of the model's metadata, once it is ready."""
+
+
+def deployment(web: Web, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> Deployment:
     s = dict(job.spec.serve or {})
-    row: dict[str, Any] = {
-        "id": str(job.id),
-        "name": job.name,
-        "user": job.user,
-        "state": job.state.value,
-        "reason": job.reason,
-        "devices": job.devices,
-        "assigned": list(job.assigned),
-        "submitted_at": job.submitted_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-        "model": s.get("model"),
-        "format": s.get("format"),
-        "max_batch_size": s.get("max_batch_size"),
-        "run": s.get("run"),
-        "run_name": Path(str(s.get("run", ""))).name,
-        "train_job": train_job_of(web, who, str(s.get("run", ""))),
-        "image_input": bool(s.get("image_input")),
-        "url": None,
-        "grpc": None,
-        "pid": None,
-        "ready": False,
-        "status": "queued",
-        "detail": job.reason,
-        "metadata": None,
-        "can_stop": job.state in ACTIVE and not job.stop_reason,
-    }
+    row = Deployment(
+        id=str(job.id),
+        name=job.name,
+        user=job.user,
+        state=job.state.value,
+        reason=job.reason,
+        devices=job.devices,
+        assigned=list(job.assigned),
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        model=s.get("model"),
+        format=s.get("format"),
+        max_batch_size=s.get("max_batch_size"),
+        run=s.get("run"),
+        run_name=Path(str(s.get("run", ""))).name,
+        train_job=train_job_of(web, who, str(s.get("run", ""))),
+        image_input=bool(s.get("image_input")),
+        can_stop=job.state in ACTIVE and not job.stop_reason,
+        detail=job.reason,
+    )
     if job.state is JobState.FAILED:  # why, as the serve job's deskpod said it; not just its exit code
-        row.update(status="failed", detail=failure(web, job) or job.reason or "failed")
+        row.status, row.detail = "failed", failure(web, job) or job.reason or "failed"
         return row
     if job.state not in ACTIVE:
-        row.update(status="stopped", detail=job.reason if job.reason not in ("", job.state.value) else "not serving")
+        row.status, row.detail = "stopped", job.reason if job.reason not in ("", job.state.value) else "not serving"
         return row
     if job.stop_reason:
-        row.update(status="stopping", detail=f"stopping ({job.stop_reason})")
+        row.status, row.detail = "stopping", f"stopping ({job.stop_reason})"
         return row
     if job.state is JobState.QUEUED:
         return row
     doc = read_port_file(web.pod.job_folder(job) / "serve.json", job.started_at)
     url = loopback_url(doc.get("url")) if doc else None
-    row["status"], row["detail"] = "starting", "exporting the run's latest checkpoint"
+    row.status, row.detail = "starting", "exporting the run's latest checkpoint"
     if doc is None or url is None:
         return row
-    row["url"], row["pid"], row["grpc"] = url, doc.get("pid"), loopback_address(doc.get("grpc"))
+    row.url, row.pid, row.grpc = url, doc.get("pid"), loopback_address(doc.get("grpc"))
     if not doc.get("ready"):
-        row["detail"] = "loading the model"
+        row.detail = "loading the model"
         return row
-    model = str(row["model"])
+    model = str(row.model)
     if model not in (doc.get("models") or []):
         why = (doc.get("unavailable") or {}).get(model, "it is not among the server's models")
-        row.update(status="error", detail=f"the model did not load: {why}")
+        row.status, row.detail = "error", f"the model did not load: {why}"
         return row
-    row.update(status="ready", ready=True, detail="serving")
+    row.status, row.ready, row.detail = "ready", True, "serving"
     if with_metadata:
         meta, error = metadata(web, job, url, model, doc.get("pid"))
         if meta is None:
-            row.update(status="error", ready=False, detail=f"the server does not give the model's metadata: {error}")
+            row.status, row.ready = "error", False
+            row.detail = f"the server does not give the model's metadata: {error}"
         else:
-            row["metadata"] = summarize(meta)
+            row.metadata = summarize(meta)
     return row
 
 
-def serve_job(web: Any, who: Viewer, job_id: str) -> JobRecord:
+def serve_job(web: Web, who: Viewer, job_id: str) -> JobRecord:
     """The viewer's deployment ``job_id``; a foreign, unknown or non-serve job is a 404."""
     job: JobRecord = web.job(who, job_id)
     if job.spec.serve is None:
@@ -264,7 +306,7 @@ def serve_job(web: Any, who: Viewer, job_id: str) -> JobRecord:
     return job
 
 
-def deployments(web: Any, who: Viewer) -> list[dict[str, Any]]:
+def deployments(web: Web, who: Viewer) -> list[Deployment]:
     """Every queued or active deployment, and the latest stopped ones (the store picks serve jobs by kind, so
     any number of other jobs after them hides none)."""
     owner = who.owner_filter()
@@ -274,7 +316,7 @@ def deployments(web: Any, who: Viewer) -> list[dict[str, Any]]:
     return [deployment(web, who, j) for j in sorted(active + stopped, key=lambda j: -j.id)]
 
 
-def deployable(web: Any, who: Viewer) -> list[dict[str, Any]]:
+def deployable(web: Web, who: Viewer) -> list[dict[str, Any]]:
     """The viewer's train jobs (an admin's: anyone's) whose run has a checkpoint, newest first, among their newest
     `SCAN_RUNS` training jobs."""
     out = []
@@ -285,28 +327,34 @@ def deployable(web: Any, who: Viewer) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass
+class ModelsPage:
+    """The Models page's data (twin ``/ui/models.json``): the deployments, the runs that can be deployed, the Deploy
+    form's values and the errors by field."""
+
+    deployments: list[Deployment]
+    runs: list[dict[str, Any]]
+    formats: list[str]
+    device_count: int
+    device_kind: str
+    form: dict[str, Any]
+    errors: dict[str, str]
+    error: str | None = render.unless_none()
+
+
 def models_data(
-    web: Any, who: Viewer, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """The Models page's data: the deployments, the runs that can be deployed, the Deploy form's values."""
+    web: Web, who: Viewer, form: dict[str, str] | None = None, errors: dict[str, str] | None = None
+) -> ModelsPage:
     runs = deployable(web, who)
     values: dict[str, Any] = {"job": runs[0]["id"] if runs else "", "devices": "1", "format": FORMATS[0],
                               "max_batch_size": "32", "image_input": False, "grpc": False}  # fmt: skip
     values.update({k: v for k, v in (form or {}).items() if k in values})
     for flag in ("image_input", "grpc"):  # a checkbox sends "true" when ticked and nothing when not
         values[flag] = values[flag] in (True, "true")
-    data: dict[str, Any] = {
-        "deployments": deployments(web, who),
-        "runs": runs,
-        "formats": list(FORMATS),
-        "device_count": web.pod.device_count,
-        "device_kind": web.pod.device_kind,
-        "form": values,
-        "errors": errors or {},
-    }
-    if errors:
-        data["error"] = next(iter(errors.values()))
-    return data
+    return ModelsPage(
+        deployments(web, who), runs, list(FORMATS), web.pod.device_count, web.pod.device_kind, values, errors or {},
+        error=next(iter(errors.values())) if errors else None,
+    )  # fmt: skip
 
 
 def _int_field(fields: dict[str, str], key: str, label: str, low: int, high: int, errors: dict[str, str]) -> int:
@@ -321,7 +369,7 @@ def _int_field(fields: dict[str, str], key: str, label: str, low: int, high: int
     return value
 
 
-def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | None, dict[str, str]]:
+def deploy(web: Web, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | None, dict[str, str]]:
     """Submit a serve job for the train job ``fields["job"]``; the errors, by field, when the form is bad."""
     errors: dict[str, str] = {}
     job_id = fields.get("job", "").strip()
@@ -334,17 +382,16 @@ def deploy(web: Any, who: Viewer, fields: dict[str, str]) -> tuple[JobRecord | N
     elif not has_checkpoint(run):
         errors["job"] = f"job {train.id} ({train.name}) has no checkpoint yet; wait for one, then deploy it"
     devices = _int_field(fields, "devices", "devices", 1, max(1, web.pod.device_count), errors)
-    batch = _int_field(fields, "max_batch_size", "max batch size", 1, 4096, errors)
+    _, low, high = LIMITS["max_batch_size"]
+    batch = _int_field(fields, "max_batch_size", "max batch size", low, high, errors)
     fmt = fields.get("format", FORMATS[0])
     if fmt not in FORMATS:
         errors["format"] = f"format {fmt!r} is not one of {', '.join(FORMATS)}"
     if errors or run is None:
         return None, errors
-    name = train.name
     spec = {
-        "name": f"serve-{name}"[:NAME_MAX],
-        "devices": devices,
-        "serve": {"run": str(run), "model": name, "format": fmt, "max_batch_size": batch,
+        "devices": devices,  # named serve-<model> (`deskpod.jobs.kinds.serve.default_name`)
+        "serve": {"run": str(run), "model": train.name, "format": fmt, "max_batch_size": batch,
                   "image_input": fields.get("image_input") == "true", "grpc": fields.get("grpc") == "true"},
     }  # fmt: skip
     try:
@@ -481,18 +528,23 @@ async def _json_or_none(c: httpx.AsyncClient, path: str) -> dict[str, Any] | Non
     return None
 
 
-def try_data(web: Any, who: Viewer, job: JobRecord) -> dict[str, Any]:
+@dataclass
+class TryPage:
     """The try page's data: the deployment, whether it has test samples, and (after a POST) the result."""
+
+    deployment: Deployment
+    samples: int
+    """How many Fashion-MNIST test samples can be picked (0: the run was not trained on it)."""
+    max_upload_bytes: int
+    form: dict[str, str] = field(default_factory=lambda: {"sample": ""})
+    result: dict[str, Any] | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+    error: str | None = render.unless_none()
+
+
+def try_data(web: Web, who: Viewer, job: JobRecord) -> TryPage:
     row = deployment(web, who, job)
-    fashion = fashion_run(str(row["run"] or ""))
-    return {
-        "deployment": row,
-        "samples": TEST_SAMPLES if fashion else 0,
-        "max_upload_bytes": MAX_UPLOAD_BYTES,
-        "form": {"sample": ""},
-        "result": None,
-        "errors": {},
-    }
+    return TryPage(row, TEST_SAMPLES if fashion_run(str(row.run or "")) else 0, MAX_UPLOAD_BYTES)
 
 
 async def _read_upload(upload: UploadFile) -> bytes:
@@ -503,18 +555,19 @@ async def _read_upload(upload: UploadFile) -> bytes:
 
 
 async def predict(
-    web: Any, request: Request, job: JobRecord, data: dict[str, Any], fields: dict[str, str]
-) -> dict[str, Any]:
-    """Run the try form: the uploaded image or the chosen test sample through the deployment."""
-    row = data["deployment"]
-    if row["status"] != "ready":
+    web: Web, request: Request, job: JobRecord, data: TryPage, fields: dict[str, str]
+) -> tuple[dict[str, Any], Prepared]:
+    """Run the try form: the uploaded image or the chosen test sample through the deployment; the result, and the
+    input as sent."""
+    row = data.deployment
+    if row.status != "ready" or row.url is None:
         raise ConflictError(
-            f"deployment {row['id']} is {row['status']} ({row['detail']}); "
-            + ("try it once it is ready" if row["status"] in ("queued", "starting") else "deploy the run again")
+            f"deployment {row.id} is {row.status} ({row.detail}); "
+            + ("try it once it is ready" if row.status in ("queued", "starting") else "deploy the run again")
         )
-    full, error = metadata(web, job, row["url"], str(row["model"]), row["pid"])
+    full, error = metadata(web, job, row.url, str(row.model), row.pid)
     if full is None:
-        raise ConflictError(f"deployment {row['id']} does not give its model's metadata: {error}")
+        raise ConflictError(f"deployment {row.id} does not give its model's metadata: {error}")
     encoded = image_input(full)
     name, c, h, w = (encoded, 0, 0, 0) if encoded else input_spec(full)
     as_image = full if encoded else None
@@ -527,7 +580,7 @@ async def predict(
             raise _FieldError("image", e) from None
         got = await run_in_threadpool(_prepare_upload, raw, str(upload.filename), c, h, w, as_image)
     elif fields.get("sample", "").strip():
-        if not data["samples"]:
+        if not data.samples:
             raise _FieldError(
                 "sample", ConfigError("this run was not trained on Fashion-MNIST: it has no test samples")
             )
@@ -538,12 +591,11 @@ async def predict(
         got = await run_in_threadpool(_prepare_sample, web, index, c, h, w, as_image)
     else:
         raise _FieldError("image", ConfigError("choose an image file to upload, or a test sample number"))
-    x, source, shape = got.pop("x"), got.pop("source"), got.pop("shape")
-    result = await infer(row["url"], str(row["model"]), full, x, name)
-    result["input"] = {**source, "shape": shape}
-    if source["source"] == "sample":
-        result["correct"] = bool(result["top"] and result["top"][0]["index"] == source["true_index"])
-    return {"result": result, **got}
+    result = await infer(row.url, str(row.model), full, got.x, name)
+    result["input"] = {**got.source, "shape": got.shape}
+    if got.source["source"] == "sample":
+        result["correct"] = bool(result["top"] and result["top"][0]["index"] == got.source["true_index"])
+    return result, got
 
 
 def _model_input(
@@ -559,9 +611,23 @@ def _model_input(
     return x, seen, list(x.shape)
 
 
+@dataclass
+class Prepared:
+    """An input of the try form, ready to send: the request's tensor, where it came from, and pictures of it."""
+
+    x: np.ndarray
+    source: dict[str, Any]
+    """``{"source": "upload", "filename", "width", "height"}`` or ``{"source": "sample", "sample", "true_label",
+    "true_index"}``."""
+    shape: list[int]
+    shown: str
+    seen: str | None
+    """What the network sees, where that differs (resized, grey)."""
+
+
 def _prepare_upload(
     raw: bytes, filename: str, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
-) -> dict[str, Any]:
+) -> Prepared:
     """Decode an upload and make the model's input of it (a worker thread: PIL work blocks)."""
     try:
         im = decode_image(raw)  # refused here, next to the field, before anything is sent
@@ -570,13 +636,10 @@ def _prepare_upload(
     x, seen, shape = _model_input(raw, im, c, h, w, as_image)
     source = {"source": "upload", "filename": filename, "width": im.width, "height": im.height}
     shown = data_url(im, 112, upscale=True) if max(im.size) < 112 else data_url(im)
-    return {"x": x, "source": source, "shape": shape, "shown": shown,
-            "seen": None if seen is None else data_url(seen, 112, upscale=True)}  # fmt: skip
+    return Prepared(x, source, shape, shown, None if seen is None else data_url(seen, 112, upscale=True))
 
 
-def _prepare_sample(
-    web: Any, index: int, c: int, h: int, w: int, as_image: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def _prepare_sample(web: Web, index: int, c: int, h: int, w: int, as_image: dict[str, Any] | None = None) -> Prepared:
     """A test sample as the model's input, with its true label (a worker thread: reading t10k blocks); for an image
     model, as a PNG file."""
     im, label, label_name = test_sample(web, index)
@@ -587,13 +650,10 @@ def _prepare_sample(
         raw = buf.getvalue()
     x, seen, shape = _model_input(raw, im, c, h, w, as_image)
     source = {"source": "sample", "sample": index, "true_label": label_name, "true_index": label}
-    return {
-        "x": x,
-        "source": source,
-        "shape": shape,
-        "shown": data_url(im, 112, upscale=True),
-        "seen": None if seen is None or seen.size == im.size else data_url(seen, 112, upscale=True),
-    }
+    shown = data_url(im, 112, upscale=True)
+    return Prepared(
+        x, source, shape, shown, None if seen is None or seen.size == im.size else data_url(seen, 112, upscale=True)
+    )
 
 
 class _FieldError(Exception):
@@ -605,22 +665,21 @@ class _FieldError(Exception):
         self.error = error
 
 
-def _try_page(request: Request, who: Viewer, data: dict[str, Any], *, status: int = 200, extra: Any = None) -> Response:
-    row = data["deployment"]
+def _try_page(request: Request, who: Viewer, data: TryPage, *, status: int = 200, extra: Any = None) -> Response:
     return render.page(
-        request, "try.html", data, who, title=f"Try {row['model']}", status=status,
+        request, "try.html", data, who, title=f"Try {data.deployment.model}", status=status,
         extra={"shown": None, "seen": None, **(extra or {})},
     )  # fmt: skip
 
 
-def _try_error(request: Request, who: Viewer, data: dict[str, Any], field: str, e: DeskpodError) -> Response:
+def _try_error(request: Request, who: Viewer, data: TryPage, field: str, e: DeskpodError) -> Response:
     """The try page again, with the message next to the field it is about (or above the forms)."""
-    data["errors"] = {field or "form": str(e)}
-    data["error"] = str(e)
+    data.errors = {field or "form": str(e)}
+    data.error = str(e)
     return _try_page(request, who, data, status=status_of(e))
 
 
-def register(app: FastAPI, web: Any) -> None:
+def register(app: FastAPI, web: Web) -> None:
     @app.get("/models.json")
     @app.get("/models")
     def models_page(request: Request, who: Signed) -> Response:
@@ -634,7 +693,7 @@ def register(app: FastAPI, web: Any) -> None:
             data = await run_in_threadpool(models_data, web, who, fields, errors)  # it may ask servers for metadata
             return render.page(request, "models.html", data, who, title="Models", status=400)
         if render.wants_json(request):
-            return JSONResponse(deployment(web, who, job, with_metadata=False), status_code=201)
+            return render.json_response(deployment(web, who, job, with_metadata=False), 201)
         return RedirectResponse(f"{ROOT}/models#deployment-{job.id}", status_code=303)
 
     @app.get("/models/{job_id}/try.json")
@@ -653,16 +712,14 @@ def register(app: FastAPI, web: Any) -> None:
         fields = await form_csrf(request, who)
         job = serve_job(web, who, job_id)
         data = await run_in_threadpool(try_data, web, who, job)  # it may ask the server for metadata
-        data["form"] = {"sample": fields.get("sample", "")}
+        data.form = {"sample": fields.get("sample", "")}
         try:
-            got = await predict(web, request, job, data, fields)
+            result, got = await predict(web, request, job, data, fields)
         except _FieldError as e:
             return _try_error(request, who, data, e.field, e.error)
         except DeskpodError as e:
             return _try_error(request, who, data, "", e)
-        data["result"] = got["result"]
+        data.result = result
         if render.wants_json(request):
-            return JSONResponse(
-                {**got["result"], "deployment": data["deployment"]["id"], "model": data["deployment"]["model"]}
-            )
-        return _try_page(request, who, data, extra={"shown": got["shown"], "seen": got["seen"]})
+            return JSONResponse({**result, "deployment": data.deployment.id, "model": data.deployment.model})
+        return _try_page(request, who, data, extra={"shown": got.shown, "seen": got.seen})

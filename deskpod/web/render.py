@@ -1,25 +1,51 @@
 """Pages out of templates, and their JSON twins: one view function feeds both.
 
-A view returns the data a page shows as a JSON-able dict; `respond` renders it with the page's
-template (``templates/<name>.html``) or, when the path ends in ``.json``, returns it as JSON. Jinja2
-escapes every value put into a template (``autoescape``): a job named ``<script>`` is text.
+A view returns the data a page shows as one typed object (a dataclass of the page module's); `page`
+renders it with the page's template (``templates/<name>.html``) or, when the path ends in ``.json``,
+returns it as JSON (`twin`: its fields are the twin's keys). Jinja2 escapes every value put into a
+template (``autoescape``): a job named ``<script>`` is text.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
 from deskpod import __version__
 from deskpod.web.session import ROOT, Viewer
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    PageData = DataclassInstance | Mapping[str, Any]
+
+
+def twin(data: object) -> dict[str, Any]:
+    """The JSON form of what a page shows (``json.dumps``'s ``default``): a dataclass as an object of its fields,
+    less the `unless_none` fields that are None."""
+    if not dataclasses.is_dataclass(data) or isinstance(data, type):
+        raise TypeError(f"{type(data).__name__} is not JSON serializable")
+    fields = ((f, getattr(data, f.name)) for f in dataclasses.fields(data))
+    return {f.name: v for f, v in fields if v is not None or f.metadata.get("twin") != "unless_none"}
+
+
+def unless_none() -> Any:
+    """A field the JSON twin holds only when it is set (a page's ``error``, which a script tests with ``in``)."""
+    return dataclasses.field(default=None, metadata={"twin": "unless_none"})
+
+
+def json_text(data: object, **kwargs: Any) -> str:
+    """``json.dumps`` that takes the pages' dataclasses (`twin`)."""
+    return json.dumps(data, default=twin, **kwargs)
 
 
 def wants_json(request: Request) -> bool:
@@ -100,7 +126,7 @@ def _environment() -> Environment:
     )
     env.filters.update(age=age, duration=duration, clock=clock, size=size, number=number, sparkline=sparkline)
     # JSON for a <script type="application/json"> block: "<" escaped so no value can close the tag.
-    env.filters["tojson"] = lambda v: Markup(json.dumps(v).replace("<", "\\u003c").replace(">", "\\u003e"))
+    env.filters["tojson"] = lambda v: Markup(json_text(v).replace("<", "\\u003c").replace(">", "\\u003e"))
     env.globals.update(root=ROOT, version=__version__)
     return env
 
@@ -111,7 +137,7 @@ TEMPLATES = _environment()
 def page(
     request: Request,
     template: str,
-    data: Mapping[str, Any],
+    data: PageData,
     viewer: Viewer | None,
     *,
     title: str,
@@ -123,13 +149,19 @@ def page(
     ``extra`` holds what only the HTML needs (form state, pictures); it is not part of the twin.
     """
     if wants_json(request):
-        return JSONResponse(dict(data), status_code=status)
+        return json_response(data, status)
     path = request.url.path
-    twin = f"{path}pod.json" if path.endswith("/") else f"{path}.json"
+    twin_url = f"{path}pod.json" if path.endswith("/") else f"{path}.json"
     html = TEMPLATES.get_template(template).render(
-        data=data, viewer=viewer, title=title, path=path, twin=twin, query=str(request.url.query), **(extra or {})
+        data=data, viewer=viewer, title=title, path=path, twin=twin_url, query=str(request.url.query), **(extra or {})
     )
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+
+def json_response(data: object, status: int = 200) -> Response:
+    """A JSON twin: ``data`` (a page's dataclass, or plain JSON) as its `twin`."""
+    text = json_text(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))  # as JSONResponse writes it
+    return Response(text, status_code=status, media_type="application/json")
 
 
 SECURITY_HEADERS = {

@@ -12,6 +12,7 @@ import json
 import math
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from deskpod.envs.userfiles import read_path, scandir_path, stat_path
 from deskpod.jobs.api import MAX_DEPTH, nesting
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths, checkpoint_step
-from deskpod.web.render import TEMPLATES
+from deskpod.web import render
+from deskpod.web.app import Web
 from deskpod.web.series import Series
 
 MAX_BYTES = 1 << 20
@@ -43,10 +45,23 @@ def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
-    """A train job's configuration: the run's resolved ``config.toml``, or what was submitted before the
-    run resolved it. ``{"source", "values": {dotted key: value}, "items": [[key, value as text]]}``, with
-    ``"error"`` for an unreadable file."""
+@dataclass
+class RunConfig:
+    """A train job's configuration as the pages show it."""
+
+    source: str
+    """``config.toml``, or the submitted spec before the run resolved it."""
+    values: dict[str, Any]
+    """By dotted key (`flatten`)."""
+    items: list[list[str]]
+    """``[key, value as text]``, sorted by key."""
+    error: str | None = render.unless_none()
+    """Why ``config.toml`` could not be read."""
+
+
+def resolved_config(web: Web, job: JobRecord) -> RunConfig | None:
+    """A train job's configuration: the run's resolved ``config.toml``, or what was submitted before the run
+    resolved it."""
     if job.spec.train is None:
         return None
     run = web.run_dir(job)
@@ -55,12 +70,12 @@ def resolved_config(web: Any, job: JobRecord) -> dict[str, Any] | None:
         try:
             return _config("config.toml", flatten(tomllib.loads(read_path(path, limit=MAX_BYTES).decode())))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
-            return {**_config("config.toml", {}), "error": f"cannot read config.toml: {e}"}
+            return RunConfig("config.toml", {}, [], error=f"cannot read config.toml: {e}")
     return _config("the submitted spec (the run has not resolved it yet)", flatten(job.spec.train))
 
 
-def _config(source: str, values: dict[str, Any]) -> dict[str, Any]:
-    return {"source": source, "values": values, "items": [[k, display(values[k])] for k in sorted(values)]}
+def _config(source: str, values: dict[str, Any]) -> RunConfig:
+    return RunConfig(source, values, [[k, display(values[k])] for k in sorted(values)])
 
 
 SUMMARY_NUMBERS = frozenset({"test_accuracy", "test_loss", "throughput_images_per_s", "throughput_per_device",
@@ -104,7 +119,23 @@ def has_checkpoint(run: Path) -> bool:
     return bool(checkpoint_files(run))
 
 
-def checkpoints(run: Path, s: Series) -> list[dict[str, Any]]:
+@dataclass
+class Checkpoint:
+    """A checkpoint of a run, with the train loss at its step and the latest validation at or before it."""
+
+    file: str
+    step: int
+    size: int
+    time: float
+    loss: float | None
+    loss_step: int | None
+    """The step of ``loss`` (the last logged at or before ``step``)."""
+    val_accuracy: float | None
+    val_loss: float | None
+    val_step: int | None
+
+
+def checkpoints(run: Path, s: Series) -> list[Checkpoint]:
     """The run's checkpoints, each with the train loss at its step and the latest validation at or before it."""
     out = []
     folder = RunPaths(run).checkpoints
@@ -116,17 +147,17 @@ def checkpoints(run: Path, s: Series) -> list[dict[str, Any]]:
         acc = s.at("val", "val_accuracy", step)
         vloss = s.at("val", "val_loss", step)
         out.append(
-            {
-                "file": name,
-                "step": step,
-                "size": st.st_size,
-                "time": st.st_mtime,
-                "loss": None if loss is None else loss[1],
-                "loss_step": None if loss is None else int(loss[0]),
-                "val_accuracy": None if acc is None else acc[1],
-                "val_loss": None if vloss is None else vloss[1],
-                "val_step": None if acc is None and vloss is None else int((acc or vloss or (0, 0))[0]),
-            }
+            Checkpoint(
+                name,
+                step,
+                st.st_size,
+                st.st_mtime,
+                loss=None if loss is None else loss[1],
+                loss_step=None if loss is None else int(loss[0]),
+                val_accuracy=None if acc is None else acc[1],
+                val_loss=None if vloss is None else vloss[1],
+                val_step=None if acc is None and vloss is None else int((acc or vloss or (0, 0))[0]),
+            )
         )
     return out
 
@@ -141,9 +172,9 @@ def signature(run: Path) -> tuple[int, ...]:
     return tuple(out)
 
 
-def parts(web: Any, job: JobRecord, run: Path, s: Series) -> dict[str, str]:
+def parts(web: Web, job: JobRecord, run: Path, s: Series) -> dict[str, str]:
     """The run's sections of the Job page as HTML (escaped by the templates), by container id."""
-    macros: Any = TEMPLATES.get_template("job_run.html").make_module()  # its attributes are the macros
+    macros: Any = render.TEMPLATES.get_template("job_run.html").make_module()  # its attributes are the macros
     return {
         "run-summary": str(macros.summary(read_summary(run))),
         "run-checkpoints": str(macros.checkpoint_table(checkpoints(run, s))),

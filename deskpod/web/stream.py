@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -43,7 +42,8 @@ from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
-from deskpod.web import logs, runinfo
+from deskpod.web import logs, render, runinfo
+from deskpod.web.app import Web
 from deskpod.web.series import KINDS, Series
 
 POLL_S = 0.25
@@ -88,20 +88,33 @@ def series_id(kind: str, key: str) -> str:
     return f"{kind}/{key}"
 
 
-def chart_defs() -> list[dict[str, Any]]:
-    """The charts as the page's script builds them (points filled in by `chart_points`)."""
-    return [
-        {
-            "id": c.id,
-            "title": c.title,
-            "unit": c.unit,
-            "series": [
-                {"id": series_id(kind, key), "label": label, "color": f"--s{i + 1}"}
-                for i, (kind, key, label) in enumerate(c.series)
-            ],
-        }
-        for c in CHARTS
-    ]
+@dataclass
+class ChartLine:
+    """One line of a chart: a series of ``[x, y]`` points, drawn in colour ``color`` (``--s1`` ..)."""
+
+    id: str
+    label: str
+    color: str
+    points: list[list[float]]
+
+
+@dataclass
+class Chart:
+    """A chart as the page's script draws it."""
+
+    id: str
+    title: str
+    unit: str
+    series: list[ChartLine]
+
+
+def charts(points: dict[str, list[list[float]]]) -> list[Chart]:
+    """The Job page's charts over ``points`` (`chart_points`)."""
+
+    def line(i: int, kind: str, key: str, label: str) -> ChartLine:
+        return ChartLine(series_id(kind, key), label, f"--s{i + 1}", points[series_id(kind, key)])
+
+    return [Chart(c.id, c.title, c.unit, [line(i, *s) for i, s in enumerate(c.series)]) for c in CHARTS]
 
 
 def chart_points(s: Series, rows: dict[str, int], max_points: int = MAX_POINTS) -> dict[str, list[list[float]]]:
@@ -111,7 +124,7 @@ def chart_points(s: Series, rows: dict[str, int], max_points: int = MAX_POINTS) 
     }
 
 
-def _reset(web: Any, s: Series, generation: int, rows: dict[str, int], max_points: int) -> dict[str, Any]:
+def _reset(web: Web, s: Series, generation: int, rows: dict[str, int], max_points: int) -> dict[str, Any]:
     """A reset's data, computed once for every tab that needs it at this position (tabs reconnecting
     together after a daemon restart, or opened together)."""
     key = ("reset", str(s.path), generation, max_points, *(rows[k] for k in KINDS))
@@ -129,36 +142,60 @@ def is_final(job: JobRecord) -> bool:
     return job.state in (JobState.SUCCEEDED, JobState.CANCELLED) or (job.state in FINAL and job.failures > job.retries)
 
 
-def job_state(job: JobRecord, events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The part of the Job page that changes with the job's state (the header, its buttons, its history)."""
+@dataclass
+class Live:
+    """The part of the Job page that changes with the job's state (the header, its buttons, its history): what a
+    ``state`` event sends."""
+
+    id: str
+    state: str
+    reason: str
+    devices: int
+    assigned: list[int]
+    attempt: int
+    exit_code: int | None
+    stopping: str | None
+    """Why the job is being stopped (None: it is not)."""
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    active: bool
+    final: bool
+    can_cancel: bool
+    can_requeue: bool
+    events: list[dict[str, Any]]
+    """`Store.events`: its history."""
+
+
+def job_state(job: JobRecord, events: list[dict[str, Any]]) -> Live:
     active = job.state.active
-    return {
-        "id": str(job.id),
-        "state": job.state.value,
-        "reason": job.reason,
-        "devices": job.devices,
-        "assigned": list(job.assigned),
-        "attempt": job.attempt,
-        "exit_code": job.exit_code,
-        "stopping": job.stop_reason,
-        "submitted_at": job.submitted_at,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-        "active": active,
-        "final": is_final(job),
-        "can_cancel": (job.state is JobState.QUEUED or active) and not job.stop_reason,
-        "can_requeue": job.state in REQUEUABLE or active,
-        "events": events,
-    }
+    return Live(
+        id=str(job.id),
+        state=job.state.value,
+        reason=job.reason,
+        devices=job.devices,
+        assigned=list(job.assigned),
+        attempt=job.attempt,
+        exit_code=job.exit_code,
+        stopping=job.stop_reason,
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        active=active,
+        final=is_final(job),
+        can_cancel=(job.state is JobState.QUEUED or active) and not job.stop_reason,
+        can_requeue=job.state in REQUEUABLE or active,
+        events=events,
+    )
 
 
-def _cached_job(web: Any, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]] | None:
+def _cached_job(web: Web, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]] | None:
     """What another stream of this job already read at its ``version`` (`Store.touched`; None: nobody has)."""
     hit = web.cache.setdefault("stream.jobs", {}).get(job_id)
     return (hit[1], hit[2]) if hit is not None and hit[0] == version else None
 
 
-def _read_job(web: Any, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]]:
+def _read_job(web: Web, job_id: int, version: int) -> tuple[JobRecord | None, list[dict[str, Any]]]:
     """The job and its history at its ``version`` (`Store.touched`), read once for every stream of that job."""
     cache: dict[int, tuple[int, JobRecord | None, list[dict[str, Any]]]] = web.cache.setdefault("stream.jobs", {})
     hit = _cached_job(web, job_id, version)
@@ -211,7 +248,7 @@ def _stat(path: Path) -> os.stat_result | None:
 class Follower:
     """One client's view of one job: what was sent, and what is new since."""
 
-    def __init__(self, web: Any, job: JobRecord, cursor: Cursor | None, *, max_points: int = MAX_POINTS) -> None:
+    def __init__(self, web: Web, job: JobRecord, cursor: Cursor | None, *, max_points: int = MAX_POINTS) -> None:
         self.web, self.job, self.job_id, self.max_points = web, job, job.id, max_points
         run = web.run_dir(job)
         self.run: Path | None = run
@@ -220,7 +257,7 @@ class Follower:
         self.log = web.pod.job_folder(job) / "output.log"
         self.cursor = cursor or Cursor()
         self.version = -1
-        self.header: dict[str, Any] | None = None
+        self.header: Live | None = None
         self.final = False
         self._metrics_sig: tuple[int, int, int] | bool | None = False  # False: never looked
         self._series: Series | None = None
@@ -232,7 +269,7 @@ class Follower:
         if hit is not None and hit[0] is data:  # a shared delta (`_delta`): encoded once for every tab
             body = hit[1]
         else:
-            body = json.dumps(data, separators=(",", ":"), allow_nan=False)
+            body = render.json_text(data, separators=(",", ":"), allow_nan=False)
             if name in ("metrics", "reset"):
                 if len(bodies) > 1024:
                     bodies.clear()
@@ -251,7 +288,7 @@ class Follower:
                 self.final = True
             else:
                 head = job_state(job, events)
-                self.final = bool(head["final"])
+                self.final = head.final
                 if head != self.header:
                     self.header = head
                     out.append(self.event("state", head))
@@ -323,7 +360,7 @@ class Follower:
         return [self.event("log", {"text": chunk[:keep].decode("utf-8", "replace"), "offset": c.log})]
 
 
-def _delta(web: Any, s: Series, generation: int, start: dict[str, int], end: dict[str, int]) -> dict[str, Any]:
+def _delta(web: Web, s: Series, generation: int, start: dict[str, int], end: dict[str, int]) -> dict[str, Any]:
     """The new points between two positions of a run's metrics, computed once for every tab at ``start``."""
     key = (str(s.path), generation, *(start.get(k, 0) for k in KINDS), *(end[k] for k in KINDS))
     memo: dict[tuple[Any, ...], dict[str, Any]] = web.cache.setdefault("stream.deltas", {})
@@ -357,7 +394,7 @@ class Watch:
     summary once a second) and wakes the streams when something changed. A stream costs nothing between
     changes, however many tabs are open; the poller ends with its last stream."""
 
-    def __init__(self, web: Any, job: JobRecord, poll_s: float) -> None:
+    def __init__(self, web: Web, job: JobRecord, poll_s: float) -> None:
         self.web, self.job_id, self.poll_s = web, job.id, poll_s
         run = web.run_dir(job)
         self.run: Path | None = run
@@ -407,7 +444,7 @@ class Watch:
         self._wake()  # shutting down (or no stream left): nobody waits for ever
 
 
-def _watch(web: Any, job: JobRecord, poll_s: float) -> Watch:
+def _watch(web: Web, job: JobRecord, poll_s: float) -> Watch:
     watches: dict[int, Watch] = web.cache.setdefault("stream.watches", {})
     w = watches.get(job.id)
     if w is None or (w.streams <= 0 and w._task is not None and w._task.done()):
@@ -416,7 +453,7 @@ def _watch(web: Any, job: JobRecord, poll_s: float) -> Watch:
 
 
 async def job_events(
-    web: Any,
+    web: Web,
     job: JobRecord,
     cursor: Cursor | None,
     disconnected: Callable[[], Awaitable[bool]],
@@ -447,7 +484,7 @@ async def job_events(
                 last_sent = now
                 continue  # step again at once: the rest of a long log, or the end of a job that just ended
             if follower.final:  # nothing new after the job ended: everything was sent
-                yield follower.event("end", {"state": (follower.header or {}).get("state")})
+                yield follower.event("end", {"state": follower.header.state if follower.header else None})
                 return
             if now - last_sent >= heartbeat_s:
                 yield ": keep-alive\n\n"

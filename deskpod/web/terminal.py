@@ -17,22 +17,22 @@ import shlex
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from deskpod.envs.userfiles import stat_beneath
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
+from deskpod.web.app import Web
 
 TENSORBOARD_PORT = 6006
 """TensorBoard's default port, which the line keeps (``--port`` changes it)."""
 
 
-def pod_socket(web: Any) -> Path:
+def pod_socket(web: Web) -> Path:
     """The pod's Unix socket: ``deskpod up --socket``, else ``<home>/pod.sock`` (as `deskpod.jobs.daemon` binds it)."""
     return Path(web.pod.config.socket or Path(web.home) / "pod.sock")
 
 
-def deskpod_line(web: Any, argv: Sequence[str]) -> str:
+def deskpod_line(web: Web, argv: Sequence[str]) -> str:
     """``DESKPOD_SOCKET=<the pod's socket> deskpod ...``: ``argv`` (``deskpod`` first) as a line for the box."""
     return f"DESKPOD_SOCKET={shlex.quote(str(pod_socket(web)))} {shlex.join(argv)}"
 
@@ -51,7 +51,7 @@ def tensorboard_line(runs: Mapping[str, Path]) -> str | None:
     return shlex.join([*base[:1], "--logdir_spec", spec, *base[1:]])
 
 
-def event_folder(web: Any, job: JobRecord) -> Path | None:
+def event_folder(web: Web, job: JobRecord) -> Path | None:
     """The run's TensorBoard folder (``tb/``) if the trainer made one: a folder, reached with no link followed in
     the job's folder (which its user controls)."""
     run = web.run_dir(job)

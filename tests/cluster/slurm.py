@@ -1,7 +1,7 @@
 """A real Slurm cluster on this machine, on loopback only: one ``slurmctld`` and two ``slurmd -N nodeN``.
 
 Debian's Slurm is built with multiple-slurmd support, so two "nodes" run on one host, each a slurmd
-with its own port on 127.0.0.1 (see ../shared/reference/cluster.md). Everything lives in one temporary
+with its own port on 127.0.0.1 (slurmd(8), option -N). Everything lives in one temporary
 folder (config, state, spool, logs, pid files); the only thing outside it is one ``/etc/hosts`` line
 that maps the node names to 127.0.0.1 (Slurm's node names must resolve), added at start and removed at
 stop. Nodes get two GPUs each as GRES on harmless character devices (``mknod c 1 3``), so jobs can ask

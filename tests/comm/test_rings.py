@@ -19,7 +19,7 @@ def _check_ring_is_nvlink_hamiltonian(name: str, ring: tuple[int, ...], n: int) 
 
 def test_dgx1_v100_six_rings_over_nvlink_only() -> None:
     # 6 NVLinks per V100 x 8 GPUs = 24 links = 3 link-disjoint Hamiltonian cycles, each driven both ways:
-    # 6 rings at 25 GB/s = 150 GB/s per direction (hardware.md 2.1: 25 GB/s per link, 6 links).
+    # 6 rings at 25 GB/s = 150 GB/s per direction (docs/reference/hardware.md#nvlink: 25 GB/s per link, 6 links).
     rs = build_rings(machine("dgx1-v100"))
     assert rs.kind == "nvlink" and len(rs.rings) == 6
     assert rs.bandwidth == pytest.approx(150.0)

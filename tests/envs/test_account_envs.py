@@ -303,7 +303,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 
 def test_a_build_backend_runs_as_the_account_inside_its_sandbox(pod: Pod, two_users: tuple[Account, Account]) -> None:
-    """The attack of issue 30: an sdist whose build backend runs code. Served from http://127.0.0.1 (a network URL,
+    """An attack through a build: an sdist whose build backend runs code. Served from http://127.0.0.1 (a network URL,
     allowed), it is built by ``deskpod env build`` run as the job's account in its sandbox: the backend runs as
     that account, sees neither the pod's home nor /root, and writes nowhere but where the account may."""
     _, bob = two_users

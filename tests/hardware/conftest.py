@@ -11,7 +11,7 @@ from deskpod import cli
 
 DATA = Path(__file__).with_name("data")
 REFERENCE = Path(__file__).resolve().parents[2] / "deskpod" / "hardware" / "machines" / "topo"
-"""Both given real outputs live in the package (copied verbatim from shared/reference/topo)."""
+"""Both given real outputs live in the package (copied verbatim from the public sources each file's first line names)."""
 
 
 @pytest.fixture

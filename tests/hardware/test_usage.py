@@ -150,7 +150,7 @@ def test_this_machines_proc_gives_sane_figures() -> None:
 # No NVML output was recorded on a GPU box for this module, so the GPU path is tested against a fake
 # structured like pynvml's answers: the module's own ctypes structures (c_nvmlUtilization_t,
 # c_nvmlMemory_t) and its NVMLError. The memory total is an H200's as nvidia-smi prints it, 143771 MiB
-# (shared/reference/hardware.md); the used and utilization figures are made up.
+# (docs/reference/hardware.md#gpus); the used and utilization figures are made up.
 H200_TOTAL = 143771 * 2**20
 
 

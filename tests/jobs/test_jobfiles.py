@@ -1,5 +1,5 @@
 """The root daemon's and the dashboard's reads and writes of a job's folder, against what the job's user puts
-there (issue 30, items 3, 4 and 7): links (to the admin's token, to another user's run), FIFOs, another account's
+there: links (to the admin's token, to another user's run), FIFOs, another account's
 file by a hard link; and the pod's own database and lock.
 
 The first tests call the readers and writers directly. The others play real local users (`tests.unix_users`)

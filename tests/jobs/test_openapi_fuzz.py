@@ -124,7 +124,7 @@ def test_nothing_generated_ever_ran(full_pod: tuple[Pod, str]) -> None:
 
 
 def test_the_document_lists_what_the_fuzzer_found(document: dict[str, Any]) -> None:
-    """The findings of issue 14: undocumented 400/404/409, `state` without its enum, `{}` documented valid."""
+    """What schemathesis once found: undocumented 400/404/409, `state` without its enum, `{}` documented valid."""
     paths = document["paths"]
     assert {"400", "401", "403", "409", "413"} <= set(paths["/v1/users"]["post"]["responses"])
     assert {"401", "403", "404"} <= set(paths["/v1/jobs/{job_id}"]["get"]["responses"])

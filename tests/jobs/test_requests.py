@@ -1,5 +1,5 @@
-"""What the pod answers to requests that a careless client or an attacker sends (issue 30, item 9 and the
-schemathesis findings), on a pod started by root with its default sandbox:
+"""What the pod answers to requests that a careless client or an attacker sends (among them what
+schemathesis found), on a pod started by root with its default sandbox:
 
 - JSON nested 1,000 deep and a number of more than 4,300 digits (Python's ``RecursionError`` and its limit on
   int conversion) are 400s naming the problem, never 500s;

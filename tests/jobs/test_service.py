@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -308,11 +309,25 @@ def test_placement_on_a_modelled_dgx1(pod_factory: Pods) -> None:
     assert "NVLink" in next(e["note"] for e in done["events"] if e["to"] == "starting")
 
 
-def test_detach_starts_the_daemon_with_exactly_the_arguments_given(tmp_path: Path) -> None:
-    """`deskpod up --detach` runs itself again in the background; no flag is dropped on the way (a new flag once was)."""
+def up_flags() -> set[str]:
+    """Every flag of ``deskpod up --help``."""
+    from deskpod.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {o for a in sub.choices["up"]._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+
+
+def test_detach_starts_the_daemon_with_every_flag_given(tmp_path: Path) -> None:
+    """`deskpod up --detach` with every flag runs itself again in the background, with exactly those arguments, and
+    each flag's effect shows in `/v1/status` (a new flag once was dropped in detached mode)."""
     home = tmp_path / "home"
-    args = ["up", "--detach", "--port", "0", "--home", str(home), "--no-dashboard", "--grace", "3",
-            "--job-tasks", "77", "--job-disk", "1G", "--no-pin-cpus", "--priority-limit", "5"]  # fmt: skip
+    sock, cache = tmp_path / "pod.sock", tmp_path / "envs"
+    args = ["up", "--detach", "--host", "127.0.0.2", "--port", "0", "--home", str(home), "--grace", "3",
+            "--no-preemption", "--machine", "dgx1-v100", "--no-dashboard", "--backend", "local", "--socket", str(sock),
+            "--priority-limit", "5", "--unmapped-user", "daemon", "--no-sandbox", "--allow-unsandboxed",
+            "--env-cache", str(cache), "--env-cache-limit", "5G", "--job-memory", "2G", "--job-tasks", "77",
+            "--no-pin-cpus", "--job-disk", "1G"]  # fmt: skip
+    assert up_flags() == {a for a in args if a.startswith("--")}  # a new flag is added here, with its effect below
     env = dict(os.environ, DESKPOD_TOKEN_FILE=str(home / "token"))
     done = subprocess.run(
         [sys.executable, "-m", "deskpod", *args], env=env, capture_output=True, text=True, timeout=120
@@ -325,6 +340,20 @@ def test_detach_starts_the_daemon_with_exactly_the_arguments_given(tmp_path: Pat
         assert argv[argv.index("up") : argv.index("up") + len(given)] == given, argv
         assert "--detach" not in argv
         assert (home / "daemon.log").stat().st_mode & 0o777 == 0o600
+        assert info["url"].startswith("http://127.0.0.2:") and not info["url"].endswith(":0")
+        with PodClient(info["url"], (home / "token").read_text().strip()) as c:
+            status = c.status()
+            assert httpx.get(info["url"] + "/ui/", timeout=10).status_code == 404  # --no-dashboard
+        assert status["preemption"] is False and status["grace_s"] == 3.0 and "backend" not in status
+        assert len(status["devices"]) == 8  # --machine dgx1-v100: its eight GPUs (this box has fewer CPU slots)
+        assert status["settings"] == {
+            "home": str(home.resolve()), "host": "127.0.0.2", "port": 0, "preemption": False, "grace_s": 3.0,
+            "tick_s": 0.1, "machine": "dgx1-v100", "priority_limit": 5, "socket": str(sock.resolve()),
+            "sandbox": False, "allow_unsandboxed": True, "unmapped_user": "daemon", "env_cache": str(cache.resolve()),
+            "env_cache_limit": 5 << 30, "limits": {"job_memory": 2 << 30, "job_tasks": 77, "pin_cpus": False},
+            "job_disk": 1 << 30,
+        }  # fmt: skip
+        assert stat.S_ISSOCK(sock.stat().st_mode)
     finally:
         os.kill(info["pid"], signal.SIGTERM)
         for _ in range(400):

@@ -34,12 +34,10 @@ def test_a_serve_spec_gets_its_defaults_and_round_trips() -> None:
 
 
 def test_a_serve_job_runs_deskpod_serve_with_its_settings(tmp_path: Path) -> None:
-    from deskpod.jobs.pod import serve_argv
-
-    plain = serve_argv(parse_spec({"serve": {"run": "/r/a"}}).serve, tmp_path)
+    plain = parse_spec({"serve": {"run": "/r/a"}}).argv(tmp_path)
     assert "--image-input" not in plain and "--grpc-port" not in plain
     assert plain[plain.index("--port-file") + 1] == str(tmp_path / "serve.json")
-    both = serve_argv(parse_spec({"serve": {"run": "/r/a", "image_input": True, "grpc": True}}).serve, tmp_path)
+    both = parse_spec({"serve": {"run": "/r/a", "image_input": True, "grpc": True}}).argv(tmp_path)
     assert both[: len(plain)] == plain and both[len(plain) :] == ["--image-input", "--grpc-port", "0"]
 
 

@@ -1,5 +1,5 @@
 """What a job plants in its own folder, and what a user does to the pod's home, against a root pod with its default
-sandbox (issue 30, items 3, 4 and 7): the root daemon and its dashboard must never be tricked by a job's files,
+sandbox: the root daemon and its dashboard must never be tricked by a job's files,
 never block on them, and keep the pod's own state to themselves.
 
 Each test plays real local users (`tests.unix_users`) against one pod whose home lies where they can reach it,

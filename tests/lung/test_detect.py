@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from deskpod.errors import ConfigError, DataError
-from deskpod.lung.detect import DetectorModel, Options, hits, load_detector, luna16
+from deskpod.lung.detect import DetectorModel, Options, hits, load_detector, luna16, scans_to_detect
 from deskpod.lung.images import read_scan, world_to_voxel
 from deskpod.lung.luna16 import (
     HU_MAX,
@@ -213,3 +213,16 @@ def test_load_detector_refuses_what_is_not_a_detector_run(tmp_path: Path) -> Non
     (tmp_path / "config.toml").write_text('model = "convnet"\n')
     with pytest.raises(ConfigError, match="a classify run, not a lung detector"):
         load_detector(tmp_path)
+
+
+def test_scans_to_detect_a_subset_or_files_and_refuse_what_is_neither(phantom: Path) -> None:
+    layout = read_layout(phantom)
+    held_out = scans_to_detect(f"luna16:{phantom}", fold=-1)  # the detector's fold -1: the last subset
+    assert held_out == [(uid, layout.scans[uid]) for uid in layout.uids([layout.subsets[-1]])] and held_out
+    assert scans_to_detect(f"luna16:{phantom}", subset=0, fold=1) == [(u, layout.scans[u]) for u in layout.uids([0])]
+    assert scans_to_detect(None, ["/x/a.nii.gz", "b.mhd"]) == [("a", Path("/x/a.nii.gz")), ("b", Path("b.mhd"))]
+    for data, subset, said in [("luna:/x", None, "give a LUNA16 folder as luna16:PATH"),
+                               (f"luna16:{phantom}", 9, "--subset 9: not in"),
+                               (None, 0, "--subset goes with --data luna16:PATH")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=said):
+            scans_to_detect(data, ["a.mhd"], subset=subset)

@@ -100,7 +100,7 @@ def test_a_mask_of_another_shape_is_refused() -> None:
 #                gives): mean 47.1 mm, 47827 mm³ (-1 %). It is fused to the chest wall: with the default 30 mm
 #                sphere it leaks into the wall (mean 55.2 mm, 67109 mm³, +39 %), which is why the sphere is sized.
 REAL = {
-    # name: (data.md size, radius of the growing sphere, volume rel. tolerance, mean diameter tolerance mm)
+    # name: (lesion size across in mm, as its label shows, radius of the growing sphere, volume rel. tolerance, mean diameter tolerance mm)
     "lung1": (14.0, 30.0, 0.15, 1.5),
     "lung2": (45.0, 25.0, 0.15, 4.0),
 }
@@ -112,7 +112,7 @@ def test_real_lesions_grown_from_the_label_centre(name: str) -> None:
     scan = read_scan(lung_data() / f"{name}_image.nrrd")
     label = read_scan(lung_data() / f"{name}_label.nrrd").hu > 0
     given = measure_mask(scan, label)
-    assert abs(given.axes.mean_mm - size) <= 0.1 * size  # data.md: lung1 ~14 mm, lung2 ~45 mm
+    assert abs(given.axes.mean_mm - size) <= 0.1 * size  # the labels: lung1 ~14 mm, lung2 ~45 mm across
     assert given.kind == "solid"
     grown = segment_nodule(scan, given.centre_world, radius_mm=radius)
     assert grown.volume_mm3 == pytest.approx(given.volume_mm3, rel=vol_tol)

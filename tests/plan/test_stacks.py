@@ -42,7 +42,7 @@ def test_each_stack_owns_the_fit_of_its_own_table(name: str) -> None:
 
 def test_stacks_differ_and_each_is_fitted_to_another_table() -> None:
     assert TF1_2017.factors != PYTORCH_2021.factors
-    assert "4.2" in TF1_2017.fitted_to and "4.1b" in PYTORCH_2021.fitted_to
+    assert "#tensorflow-2017" in TF1_2017.fitted_to and "#pytorch-2021" in PYTORCH_2021.fitted_to
     assert {r["machine"] for r in stack_table(TF1_2017.name)} == {MACHINE, "xeon-e5-2699v4-2s"}
     assert {r["machine"] for r in stack_table(PYTORCH_2021.name)} == {DLE_MACHINE}
 

@@ -317,9 +317,9 @@ def test_dashboard_try_it_sends_the_file_as_it_is(
     picture(50, 70, seed=8).save(f)
     raw = f.read_bytes()
     got = models._prepare_upload(raw, "c.jpg", 0, 0, 0, meta)
-    assert got["x"].dtype == object and got["x"].tolist() == [raw] and got["shape"] == [3, 28, 28]
-    assert got["seen"].startswith("data:image/png;base64,")
-    result = asyncio.run(models.infer(url, "photo", meta, got["x"], "image"))
+    assert got.x.dtype == object and got.x.tolist() == [raw] and got.shape == [3, 28, 28]
+    assert got.seen is not None and got.seen.startswith("data:image/png;base64,")
+    result = asyncio.run(models.infer(url, "photo", meta, got.x, "image"))
     _, want_top = top5_in_torch(image_models["photo"], [f])
     assert [t["index"] for t in result["top"]] == want_top[0]
     assert [t["label"] for t in result["top"]] == [LABELS[i] for i in want_top[0]]

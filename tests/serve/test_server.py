@@ -157,8 +157,8 @@ def _body(x: np.ndarray, name: str = "input", datatype: str = "FP32") -> bytes:
         ("/v2/models/mlp/versions/7/infer", _body(np.zeros((1, 2, 4, 4))), {}, 404, "no version '7'"),
         ("/v2/models/broken/infer", _body(np.zeros((1, 2, 4, 4))), {}, 503, "failed to load"),
         ("/v2/nothing", b"", {}, 404, "no endpoint"),
-        # Issue 30: JSON nested 1,000 or 5,000 deep (past orjson's limit, then Python's recursion limit), an id
-        # whose str() would recurse, and a number past Python's 4,300-digit limit answered 500.
+        # Bodies that once answered 500: JSON nested 1,000 or 5,000 deep (past orjson's limit, then Python's
+        # recursion limit), an id whose str() would recurse, and a number past Python's 4,300-digit limit.
         ("/v2/models/mlp/infer", b'{"inputs": ' + b"[" * 1000 + b"]" * 1000 + b"}", {}, 400, "nested too deeply"),
         ("/v2/models/mlp/infer", b'{"inputs": ' + b"[" * 5000 + b"]" * 5000 + b"}", {}, 400, "nested too deeply"),
         (

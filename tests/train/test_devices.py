@@ -17,7 +17,7 @@ def env(cores: int = 2, cvd: tuple[str, ...] | None = None) -> Environment:
 
 class RecordedH200x8:
     """NVML's answers on an 8× H200 HGX box, as nvidia-smi reports them (name, 143771 MiB; see
-    ../shared/reference/hardware.md). UUIDs are shortened for the test."""
+    docs/reference/hardware.md#gpus). UUIDs are shortened for the test."""
 
     def count(self) -> int:
         return 8

@@ -160,7 +160,7 @@ def test_relative_folders_and_missing_fashion_mnist(tmp_path: Path) -> None:
 
 
 def test_a_class_folder_linked_into_another_users_private_photos_shows_nothing_of_them() -> None:
-    """The attack of issue 30 (item 6): alice's image folder has a class folder that is a symbolic link into
+    """An attack through a dataset folder: alice's image folder has a class folder that is a symbolic link into
     bob's private photos (his home is 0700). Read with alice's rights, the dashboard neither counts nor draws
     bob's images, and what it cached for bob is not served to alice."""
     from tests.unix_users import make_users

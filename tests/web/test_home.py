@@ -146,20 +146,20 @@ def test_device_rows_show_holders_and_only_the_owners_see_the_job_name() -> None
     status = status_of(4, {2: ("7", "alice", "resnet")})
     for who, sees in ((viewer_of("alice"), True), (viewer_of("root", admin=True), True), (viewer_of("bob"), False)):
         rows = device_rows(web, who, status, usage_with(gpus))
-        assert [r["job"] for r in rows] == [None, None, "7", None]
-        assert rows[2]["user"] == "alice"  # who holds a device is the pod's business, like /v1/status
-        assert rows[2]["job_name"] == ("resnet" if sees else None) and rows[2]["can_open"] is sees
-        assert [r["utilization"] for r in rows] == [0.0, 10.0, 20.0, 30.0]
-        assert rows[3]["memory_used"] == 3 * 2**30 and rows[3]["memory_total"] == 32 * 2**30
-        assert rows[0]["label"] == "GPU0" and rows[0]["name"] == "Tesla V100-DGXS-32GB"
+        assert [r.job for r in rows] == [None, None, "7", None]
+        assert rows[2].user == "alice"  # who holds a device is the pod's business, like /v1/status
+        assert rows[2].job_name == ("resnet" if sees else None) and rows[2].can_open is sees
+        assert [r.utilization for r in rows] == [0.0, 10.0, 20.0, 30.0]
+        assert rows[3].memory_used == 3 * 2**30 and rows[3].memory_total == 32 * 2**30
+        assert rows[0].label == "GPU0" and rows[0].name == "Tesla V100-DGXS-32GB"
 
 
 def test_a_catalog_machine_gets_no_live_figures_from_this_boxs_gpus() -> None:
     web = SimpleNamespace(pod=SimpleNamespace(topology=machine("dgx1-v100"), device_kind="cuda"))
     gpus = (GpuUse(0, "NVIDIA H200", 50.0, 1, 2),)
     rows = device_rows(web, viewer_of("alice"), status_of(8, {}), usage_with(gpus))
-    assert len(rows) == 8 and all(r["utilization"] is None and r["memory_total"] is None for r in rows)
-    assert rows[0]["kind"] == "cuda" and rows[0]["name"] == "Tesla V100-SXM2-32GB"
+    assert len(rows) == 8 and all(r.utilization is None and r.memory_total is None for r in rows)
+    assert rows[0].kind == "cuda" and rows[0].name == "Tesla V100-SXM2-32GB"
 
 
 def test_pod_status_is_reread_when_the_store_changed_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:

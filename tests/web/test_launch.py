@@ -451,9 +451,9 @@ def test_prediction_on_the_catalog_machine_the_pod_runs_as(tmp_path: Path) -> No
     w = Workload(model_cost(info, (3, 224, 224)), batch=64, precision="fp16", dataset_images=50_000, epochs=3.0,
                  data="synthetic")  # fmt: skip
     want = predict_plan(w, "dgx1-v100", devices_per_node=8)
-    assert got["calibrated"] is True and got["machine"] == "dgx1-v100"
-    assert got["precision"] == "fp16"  # auto on a V100: no bf16, so fp16 (the trainer's rule)
-    assert got["images_per_s"] == pytest.approx(want.images_per_s, rel=1e-9)
+    assert got.calibrated is True and got.machine == "dgx1-v100"
+    assert got.precision == "fp16"  # auto on a V100: no bf16, so fp16 (the trainer's rule)
+    assert got.images_per_s == pytest.approx(want.images_per_s, rel=1e-9)
 
 
 def _fake_web(tmp_path: Path, place: Any, held: tuple[int, ...] = ()) -> Any:
@@ -479,17 +479,16 @@ def test_a_job_that_must_wait_or_can_never_fit(tmp_path: Path) -> None:
     state = launch.read_state({**STEP3, "devices": "2"})
     waits = launch.preview(_fake_web(tmp_path, busy, held=(0, 1, 2)), state, SUMMARY, INFO, "http://x")
     assert asked == [([3], 2, "best")]  # the devices free now, the count asked, the pod's default policy
-    assert waits["errors"] == {} and waits["placement"]["text"] == "It would wait: needs 2 free slots; 1 is free."
-    assert "1 job is queued now" in waits["placement"]["note"] and waits["cli"]
+    assert waits.errors == {} and waits.placement is not None
+    assert waits.placement.text == "It would wait: needs 2 free slots; 1 is free."
+    assert "1 job is queued now" in waits.placement.note and waits.cli
 
     def never(free: Any, k: int, policy: str) -> Unplaceable:
         return Unplaceable("needs 2 NVLink-connected GPUs; none are linked", ever=False)
 
     refused = launch.preview(_fake_web(tmp_path, never), state, SUMMARY, INFO, "http://x")
-    assert refused["errors"] == {
-        "devices": "job can never fit this box: needs 2 NVLink-connected GPUs; none are linked"
-    }
-    assert refused["spec"] is None
+    assert refused.errors == {"devices": "job can never fit this box: needs 2 NVLink-connected GPUs; none are linked"}
+    assert refused.spec is None
 
 
 def test_the_prediction_reads_the_pods_own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -499,14 +498,12 @@ def test_the_prediction_reads_the_pods_own_home(tmp_path: Path, monkeypatch: pyt
     web = _fake_web(tmp_path / "pod", None)
     values = {"indices": [0], "batch_size": 32, "steps": 0, "epochs": 3, "precision": "auto"}
     plain = launch.prediction(web, INFO, SUMMARY, values)
-    assert (
-        plain["calibrated"] is False and f"DESKPOD_HOME={tmp_path / 'pod'} deskpod plan calibrate" in plain["message"]
-    )
+    assert plain.calibrated is False and f"DESKPOD_HOME={tmp_path / 'pod'} deskpod plan calibrate" in plain.message
     measured = Measurements(kind="cpu", devices=1, cores=2, peak_tflops=0.1, memory_bandwidth_gbs=20.0,
                             model="resnet18", batch=8, shape=(3, 112, 112), images_per_s=30.0, comm_busbw_gbs=0.0)  # fmt: skip
     save(fit_local(measured, cpu_topology(1)), tmp_path / "pod")
     other = launch.prediction(web, INFO, SUMMARY, values)  # DESKPOD_HOME points elsewhere: the pod's home counts
-    assert other["calibrated"] is True and [r[0] for r in other["rows"]] == ["Time to train", "Images/s", "Step time"]
+    assert other.calibrated is True and [r[0] for r in other.rows] == ["Time to train", "Images/s", "Step time"]
 
 
 @pytest.mark.slow

@@ -119,7 +119,7 @@ def test_deployment_status_follows_job_state_and_port_file(tmp_path: Path) -> No
             t = time.time() - age
             os.utime(port_file, (t, t))
         row = models.deployment(web, who, job, with_metadata=False)  # type: ignore[arg-type]
-        return row["status"], row["detail"], row["ready"]
+        return row.status, row.detail, row.ready
 
     url = "http://127.0.0.1:5"
     assert status(fake_job(JobState.QUEUED, started_at=None))[0] == "queued"

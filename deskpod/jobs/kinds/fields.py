@@ -1,0 +1,42 @@
+"""The checks every part of a job spec uses, with the spec's one-line messages (`deskpod.jobs.spec`, the kinds)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from deskpod.errors import ConfigError
+
+
+def bad(key: str, value: object, valid: str) -> ConfigError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ConfigError(f"job spec: {key} = {shown} is not valid; {valid}")
+
+
+def whole(v: object) -> object:
+    """A JSON number with a whole value as an int: JSON (and the API's schema) cannot tell ``2.0`` from ``2``."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def integer(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefix: str = "") -> int:
+    v = whole(data.get(key, default))
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise bad(prefix + key, v, f"expected a whole number from {lo} to {hi}, e.g. {key} = {max(lo, min(hi, 1))}")
+    return v
+
+
+def flag(data: Mapping[str, Any], key: str, prefix: str = "") -> bool:
+    v = data.get(key, False)
+    if not isinstance(v, bool):
+        raise bad(prefix + key, v, f"expected true or false, e.g. {key} = true")
+    return v
+
+
+def no_nulls(table: Mapping[str, Any], prefix: str) -> None:
+    """Refuse a field given as null: no field of a spec takes one (the schema says so); a field left out gets its
+    default. (`deskpod.jobs.spec.stored_spec` reads specs stored when unset fields were written as null.)"""
+    for key, value in table.items():
+        if value is None:
+            raise ConfigError(f"job spec: {prefix}{key} = null is not valid; leave {prefix}{key} out for its default")
