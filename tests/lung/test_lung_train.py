@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ PATCH = "48x48x24"
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(0)  # no limit for the whole: each command below is stopped only when it stops progressing
+@pytest.mark.timeout(0)  # no limit for the whole: each command below has its own, scaled by the work done
 def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_path: Path) -> None:
     data = write_phantom(tmp_path / "luna16", 6, seed=5, subsets=2, shape=(64, 160, 160), spacing=(1.4, 1.4, 2.5),
                          nodules=(2, 4))  # fmt: skip
@@ -29,7 +30,10 @@ def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_pa
               "--repeats", "6", "--cache", str(tmp_path / "cache"), "--batch-size", "4", "--devices", "2",
               "--out", str(tmp_path / "runs"), "--name", "det", "--quiet"]  # fmt: skip
     watch = tmp_path / "runs" / "det" / "metrics.jsonl"  # a row every few steps: the training's progress
+    started = time.monotonic()
     first = run_deskpod("lung", "train", *common, "--steps", "100", timeout=300, progress=watch)
+    # detect and analyze print nothing to watch until they end: their limit scales with how fast this box trained
+    budget = max(300.0, 2 * (time.monotonic() - started))
     assert first.code == 0, first.err[-3000:]
     run = tmp_path / "runs" / "det"
     summary = json.loads((run / "summary.json").read_text())
@@ -49,7 +53,7 @@ def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_pa
     # included) and on the held-out subset, then evaluate by the LUNA16 rules.
     results = tmp_path / "results.csv"
     detect = run_deskpod("lung", "detect", "--detector", str(run), "--data", f"luna16:{data}", "--subset", "0",
-                         "--out", str(results), timeout=300)  # fmt: skip
+                         "--out", str(results), timeout=budget)  # fmt: skip
     assert detect.code == 0, detect.err[-3000:]
     assert "PHANTOM DATA" in detect.out
     with results.open() as f:
@@ -72,7 +76,7 @@ def test_two_workers_train_the_detector_resume_and_find_the_large_nodules(tmp_pa
     n = max(large, key=lambda r: float(r["diameter_mm"]))
     scan = data / "subset0" / f"{n['seriesuid']}.mhd"
     out = tmp_path / "analysis"
-    an = run_deskpod("lung", "analyze", str(scan), "--detector", str(run), "--out", str(out), timeout=300)
+    an = run_deskpod("lung", "analyze", str(scan), "--detector", str(run), "--out", str(out), timeout=budget)
     assert an.code == 0, an.err[-3000:]
     assert an.out.startswith("deskpod lung analyze: decision support, not a medical device") and "PHANTOM" in an.out
     report = json.loads((out / "report.json").read_text())
