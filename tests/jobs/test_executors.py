@@ -20,6 +20,7 @@ import pytest
 
 from deskpod.jobs.client import PodClient
 from deskpod.jobs.states import TRANSITIONS, JobState
+from tests.cluster.slurm import GPUS_PER_NODE, NODES
 from tests.jobs.pods import Pods, wait_for, wait_state
 
 GATE = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\nsys.exit(int(sys.argv[2]))"
@@ -82,7 +83,7 @@ def executed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Execute
                 slurm.release_requeued(str(job["external"]), lambda: not _running_with(job["name"]))
 
             client = pods("--backend", "slurm").client()
-            yield Executed(client, gates, {"nodes": 2, "devices": 2}, release)
+            yield Executed(client, gates, {"nodes": len(NODES), "devices": GPUS_PER_NODE}, release)
         else:
             client = pods(sandbox=True).client()
             yield Executed(client, gates, {"devices": len(client.status()["devices"])}, lambda job_id: None)
