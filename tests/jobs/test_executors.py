@@ -38,6 +38,8 @@ class Executed:
     """Spec fields of a job that holds every device the executor has, so that the next one waits."""
     requeued: Callable[[str], None]
     """Called once a running job was asked to requeue (Slurm holds a requeued job back for two minutes)."""
+    held: Callable[[str], str]
+    """The state the executor's own scheduler gives a job's ``external`` id (Slurm's ``JobState``)."""
 
     def submit(self, name: str, code: int = 0, **extra: Any) -> str:
         spec = {"name": name, "command": [sys.executable, "-c", GATE, name, str(code)], "workdir": str(self.gates)}
@@ -69,6 +71,10 @@ def _running_with(marker: str) -> bool:
     return False
 
 
+def _no_external(external: str) -> str:
+    raise AssertionError(f"a job this box runs has no other scheduler's id, yet external = {external!r}")
+
+
 @pytest.fixture(params=["local", pytest.param("slurm", marks=pytest.mark.slow)])
 def executed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Executed]:
     gates = tmp_path / "gates"
@@ -83,10 +89,12 @@ def executed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Execute
                 slurm.release_requeued(str(job["external"]), lambda: not _running_with(job["name"]))
 
             client = pods("--backend", "slurm").client()
-            yield Executed(client, gates, {"nodes": len(NODES), "devices": GPUS_PER_NODE}, release)
+            fill = {"nodes": len(NODES), "devices": GPUS_PER_NODE}
+            yield Executed(client, gates, fill, release, lambda external: slurm.job(external)["JobState"])
         else:
             client = pods(sandbox=True).client()
-            yield Executed(client, gates, {"devices": len(client.status()["devices"])}, lambda job_id: None)
+            fill = {"devices": len(client.status()["devices"])}
+            yield Executed(client, gates, fill, lambda job_id: None, _no_external)
     finally:
         pods.stop_all()
 
@@ -112,8 +120,11 @@ def test_a_job_is_cancelled_while_queued_and_while_running(executed: Executed) -
     waiter = executed.submit("waiter", 0)
     # queued, with the executor's reason why (no free device here; Slurm's pending reason there)
     wait_for(lambda: executed.client.job(waiter)["reason"], 60, "the waiting job's reason")
-    assert executed.client.cancel(waiter)["state"] == "cancelled"
+    cancelled = executed.client.cancel(waiter)
+    assert cancelled["state"] == "cancelled"
     assert executed.moves(waiter) == ["queued", "cancelled"]
+    if cancelled["external"]:  # handed over already (Slurm: at once): withdrawn there too
+        wait_for(lambda: executed.held(cancelled["external"]) == "CANCELLED", 60, "Slurm to cancel it")
 
     executed.client.cancel(holder)
     assert wait_state(executed.client, holder, "cancelled", "succeeded", "failed", timeout=120)["state"] == "cancelled"
