@@ -20,14 +20,18 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from typing import Any
 
 from deskpod.cluster import slurm
 from deskpod.cluster.batch import check_fits, submit_in
 from deskpod.errors import DeskpodError, UsageError
+from deskpod.jobs.executor import ExecutorStatus, PartitionStatus, PodSide
+from deskpod.jobs.forecast import Forecast
+from deskpod.jobs.scheduler import Waiting
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
-from deskpod.jobs.store import JobRecord
+from deskpod.jobs.store import JobRecord, User
 
 S = JobState
 FOLLOWED = (S.QUEUED, S.STARTING, S.RUNNING)
@@ -37,6 +41,7 @@ class SlurmExecutor:
     """Jobs of the pod, run by Slurm."""
 
     name = "slurm"
+    device_count = None  # devices = "all" is a whole node's, whichever Slurm picks
 
     def __init__(self, *, poll_s: float = 1.0) -> None:
         self.poll_s = poll_s
@@ -51,28 +56,37 @@ class SlurmExecutor:
         return self._partitions
 
     # Executor ------------------------------------------------------------------------------------
-    def check(self, spec: JobSpec) -> None:
+    def check(self, spec: JobSpec, user: User) -> int:
         if spec.serve is not None:
             raise UsageError("job spec: serve jobs run on the pod's own box; this pod hands its jobs to Slurm")
         check_fits(spec, self.partitions())
+        return int(spec.devices) if str(spec.devices).isdigit() else 0
 
-    def status(self) -> dict[str, Any]:
-        return {
-            "slurm_version": str(self.version),
-            "partitions": [
-                {"name": p.name, "nodes": p.nodes, "gpus_per_node": p.gpus_per_node, "default": p.default}
-                for p in self.partitions()
-            ],
-        }
+    def status(self, pod: PodSide) -> ExecutorStatus:
+        parts: list[PartitionStatus] = [
+            {"name": p.name, "nodes": p.nodes, "gpus_per_node": p.gpus_per_node, "default": p.default}
+            for p in self.partitions()
+        ]
+        return {"devices": [], "backend": {"name": self.name, "slurm_version": str(self.version), "partitions": parts}}
 
-    def cancel(self, pod: Any, job: JobRecord) -> None:
+    def forecast(self, pod: PodSide, waiting: Sequence[Waiting], now: float) -> Forecast:
+        """Positions only: Slurm's scheduler decides when; a job's reason says why not yet."""
+        return Forecast({w.id: i + 1 for i, w in enumerate(waiting)}, {})
+
+    def recover(self, pod: PodSide) -> None:
+        """Nothing to take up: its jobs live on in Slurm's queue, and the next tick follows them again."""
+
+    def close(self, pod: PodSide, *, stop_jobs: bool) -> None:
+        """Nothing to stop: a cluster's jobs are the cluster's, and run on without the pod service."""
+
+    def cancel(self, pod: PodSide, job: JobRecord) -> None:
         if job.external:
             try:
                 slurm.cancel(job.external)
             except DeskpodError as e:
                 pod.store.note(job.id, f"scancel {job.external} failed: {e}; the next tick tries again")
 
-    def tick(self, pod: Any) -> None:
+    def tick(self, pod: PodSide, *, woken: bool) -> None:
         now = time.time()
         store = pod.store
         for job in store.jobs(states=[S.QUEUED]):
@@ -85,7 +99,7 @@ class SlurmExecutor:
         if not followed:
             return
         try:
-            seen = {j.job_id: j for j in slurm.jobs([j.external for j in followed])}
+            seen = {j.job_id: j for j in slurm.jobs([str(j.external) for j in followed])}
         except DeskpodError as e:
             for job in followed:
                 if job.state is S.QUEUED and not job.reason.startswith("Slurm unreachable"):
@@ -98,7 +112,7 @@ class SlurmExecutor:
                 traceback.print_exc(file=sys.stderr)
 
     # the steps --------------------------------------------------------------------------------------
-    def _hand_over(self, pod: Any, job: JobRecord) -> None:
+    def _hand_over(self, pod: PodSide, job: JobRecord) -> None:
         folder = pod.job_folder(job)
         try:
             done = submit_in(job.spec, folder)
@@ -117,7 +131,7 @@ class SlurmExecutor:
         pod.store.note(job.id, f"submitted to Slurm as job {done.job_id}")
         self._last_poll = 0.0  # look at it on the next tick
 
-    def _follow(self, pod: Any, job: JobRecord, seen: slurm.SlurmJob | None) -> None:
+    def _follow(self, pod: PodSide, job: JobRecord, seen: slurm.SlurmJob | None) -> None:
         store = pod.store
         ext = str(job.external)
         if job.stop_reason in ("cancel", "timeout", "shutdown") and job.stop_deadline is None:
@@ -157,12 +171,12 @@ class SlurmExecutor:
             new = S.FAILED if job.stop_reason == "timeout" else new
         self._end(pod, job, new, f"{seen.describe()}{'' if code is None else f', exit code {code}'}", code)
 
-    def _end(self, pod: Any, job: JobRecord, new: JobState, note: str, code: int | None) -> None:
+    def _end(self, pod: PodSide, job: JobRecord, new: JobState, note: str, code: int | None) -> None:
         store = pod.store
         if job.state is S.QUEUED:
             store.transition(job.id, S.STARTING, "ended before the pod saw it run", expect=[S.QUEUED])
-        fields = {"exit_code": code, "finished_at": time.time(), "stop_reason": None, "stop_deadline": None,
-                  "assigned": ""}  # fmt: skip
+        fields: dict[str, Any] = {"exit_code": code, "finished_at": time.time(), "stop_reason": None,
+                                  "stop_deadline": None, "assigned": ""}  # fmt: skip
         if new is S.SUCCEEDED:
             store.transition(job.id, new, note, reason="", **fields)
         elif new is S.PREEMPTED:  # preempted and not requeued by Slurm: the pod puts it back in the queue

@@ -147,7 +147,7 @@ def sbatch_script(spec: JobSpec, files: JobFiles, *, version: slurm.Version, par
         f"deskpod train ({spec.train.get('model', 'convnet')} on {spec.train.get('data', 'fashion-mnist')})"
         if spec.train is not None
         else "the command " + shlex.join(spec.command)
-    )
+    ).replace("\n", "\\n")  # one comment line: an argument's newline would start a line of the script
     lines = [
         "#!/bin/bash",
         *(f"#SBATCH {o}" for o in opts),

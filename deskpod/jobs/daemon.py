@@ -16,7 +16,7 @@ Files under the home (``DESKPOD_HOME``, default ``~/.deskpod``)::
 The home is mode 0711 on a root pod (users reach their job folders and the socket, nothing else).
 
 The daemon may be SIGKILLed at any instant: the lock dies with it, the store is transactional, and
-the next ``deskpod up`` re-adopts the jobs that still run (see `deskpod.jobs.pod`). SIGTERM/SIGINT
+the next ``deskpod up`` re-adopts the jobs that still run (see `deskpod.jobs.local`). SIGTERM/SIGINT
 or ``deskpod down`` stop it gracefully; jobs keep running unless ``--stop-jobs`` was asked.
 """
 
@@ -180,15 +180,16 @@ def serve(
     """Run the pod service until SIGTERM/SIGINT or ``POST /v1/shutdown``; returns the exit code.
 
     ``extensions`` add routes to the service's app (``deskpod up`` hands in the dashboard's); see
-    `deskpod.jobs.api.create_app`. ``executor`` runs the jobs elsewhere (``--backend slurm``); see
-    `deskpod.jobs.executor`.
+    `deskpod.jobs.api.create_app`. ``executor`` runs the jobs (`deskpod.jobs.executor`): by default this box's
+    (`deskpod.jobs.local.LocalExecutor`), or Slurm's (``--backend slurm``).
     """
     import uvicorn
 
     from deskpod.hardware.devices import discover
-    from deskpod.hardware.placement import local_topology, place
+    from deskpod.hardware.placement import Placement, Unplaceable, local_topology, place
     from deskpod.jobs import auth
     from deskpod.jobs.api import create_app
+    from deskpod.jobs.local import LocalExecutor
     from deskpod.jobs.store import Store
 
     env = env or Environment.read()
@@ -220,17 +221,17 @@ def serve(
 
     topo = local_topology() if config.machine is None else _catalog_topology(config.machine)
     kind = discover(env).kind
-    pod = Pod(
-        config,
-        store,
-        device_count=topo.device_count,
-        device_kind=kind,
-        place=lambda f, k, p: place(topo, f, k, policy=p),
-        topology=topo,
-        executor=executor,
-        isolation=isolation,
-        confinement=_confinement(config, kind, topo) if executor is None else None,
-    )
+    confinement = _confinement(config, kind, topo) if executor is None else None
+
+    def placer(free: Sequence[int], k: int, policy: str) -> Placement | Unplaceable:
+        return place(topo, free, k, policy=policy)
+
+    n = topo.device_count
+    if executor is None:  # this box runs the jobs
+        executor = LocalExecutor(config, device_count=n, device_kind=kind, place=placer, isolation=isolation,
+                                 confinement=confinement)  # fmt: skip
+    pod = Pod(config, store, executor, device_count=n, device_kind=kind, place=placer, topology=topo,
+              isolation=isolation, confinement=confinement)  # fmt: skip
     pod.start()
 
     stop_jobs = [False]

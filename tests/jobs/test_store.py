@@ -137,6 +137,7 @@ def test_a_stored_spec_that_todays_rules_refuse_is_listed_and_never_runs(tmp_pat
     import sqlite3
 
     from deskpod.hardware.placement import Unplaceable
+    from deskpod.jobs.local import LocalExecutor
     from deskpod.jobs.pod import Pod, PodConfig
 
     store = _store(tmp_path)
@@ -148,8 +149,9 @@ def test_a_stored_spec_that_todays_rules_refuse_is_listed_and_never_runs(tmp_pat
     assert got is not None and got.spec.refused is not None and "LD_PRELOAD" in got.spec.refused
     assert got.spec.env == {} and [j.id for j in store.jobs()] == [job.id]
     never = Unplaceable("the test starts the job itself", ever=False)
-    pod = Pod(PodConfig(home=tmp_path / "home"), store, device_count=1, device_kind="cpu", place=lambda *_: never)
-    pod._launch(job.id, (0,), "test")
+    config = PodConfig(home=tmp_path / "home")
+    local = LocalExecutor(config, device_count=1, device_kind="cpu", place=lambda *_: never)
+    local.launch(Pod(config, store, local, device_count=1, device_kind="cpu", place=local.place), job.id, (0,), "test")
     ended = store.job(job.id)
     assert ended is not None and ended.state is JobState.FAILED
     assert "its spec is no longer accepted" in ended.reason and "LD_PRELOAD" in ended.reason

@@ -1,4 +1,5 @@
-"""Fixtures: a real Slurm cluster (slurmctld + two slurmd on 127.0.0.1), started once for the session."""
+"""Fixtures shared by the test packages: a real Slurm cluster (slurmctld + two slurmd on 127.0.0.1), started once
+for the session (the cluster tests and the executor tests of tests/jobs use the same one)."""
 
 from __future__ import annotations
 
