@@ -146,8 +146,8 @@ def write_docs(lat: dict[str, Any], conc: dict[str, Any], command: str, pod_args
     how = pod_args or "its defaults: each job in its sandbox and its cgroup, its variables applied after the drop"
     block = f"""{SUB}
 
-Command: `{command}` ({when}; a real daemon on 127.0.0.1, the shared 2-core box with other work running; started by
-root with {how}).
+Command: `{command}` ({when}; a real daemon on 127.0.0.1 on this {os.cpu_count()}-core box, load average
+{os.getloadavg()[0]:.1f} at the end; started by root with {how}).
 Median of {lat["trials"]} trials, each on an idle pod; the reference is the same command started with `subprocess.Popen`.
 What the first statement waits for beyond the reference: the shim, the job's cgroup, the sandbox, `setpriv`, and the
 job step (`python -I -S`, which applies the job's variables as its account and execs the job).
