@@ -27,7 +27,7 @@ from typing import Any, Literal
 from deskpod.environment import Environment
 from deskpod.envs.limits import LimitSettings
 from deskpod.envs.userfiles import read_path, scandir_path, stat_path
-from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError, UsageError
+from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError, UsageError, require_extra
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.jobs import supervisor as sv
@@ -148,6 +148,8 @@ class Pod:
         spec = parse_spec(data, device_count=self.device_count)
         self._check_priority(user, spec)
         # What follows refuses valid specs that this box cannot take: a conflict with its state (409), not bad input
+        if spec.serve is not None:
+            require_extra("serve", "job spec: a serve job", ConflictError)
         if spec.nodes > 1:
             raise ConflictError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "
