@@ -20,8 +20,10 @@ pip_install = $(BIN)/python -m pip install -q $(1) 2>&1 | { grep -v '^WARNING: L
 demo: core data
 	$(BIN)/deskpod train
 
+# The fast tier, for the edit-test loop: what starts no server, cluster or browser, on CHECK_JOBS processes.
+CHECK_JOBS ?= 2
 check: install lint typecheck
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not server and not slow"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(CHECK_JOBS) -m "not server and not slow"
 
 test: install data browser slurm sandbox lint typecheck unit
 
