@@ -1,5 +1,6 @@
-# The two commands of the quick start: `make demo` and `make test`.
-# Both create .venv and install deskpod into it first (once; again when pyproject.toml changes).
+# The quick start's commands: `make demo`, `make check` (the edit-test loop) and `make test` (everything; CI).
+# Each creates .venv and installs into it first (once; again when pyproject.toml changes): `make demo` the core
+# (pip install -e .), `make check` and `make test` every extra and the dev tools (pip install -e '.[dev]').
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -8,21 +9,33 @@ BIN    := $(VENV)/bin
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist
 CHROMIUM := /usr/bin/chromium
+# A recipe line fails when any command of its pipe does: a failed pip install stops make with pip's message.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# pip's "WARNING: Location ..." lines (a venv beside a system Python) are noise; its status and errors are kept.
+pip_install = $(BIN)/python -m pip install -q $(1) 2>&1 | { grep -v '^WARNING: Location' || true; }
 
-.PHONY: demo test lint typecheck unit data browser slurm sandbox install bench clean
+.PHONY: demo check test lint typecheck unit data browser slurm sandbox core install bench clean
 
-demo: install data
+demo: core data
 	$(BIN)/deskpod train
+
+# The fast tier, for the edit-test loop: what starts no server, cluster or browser, on CHECK_JOBS processes.
+CHECK_JOBS ?= 2
+check: install lint typecheck
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(CHECK_JOBS) -m "not server and not slow"
 
 test: install data browser slurm sandbox lint typecheck unit
 
-install: $(VENV)/.installed
+core: $(VENV)/.core
+install: $(VENV)/.dev
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.core: EXTRAS :=
+$(VENV)/.dev: EXTRAS := [dev]
+$(VENV)/.core $(VENV)/.dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-	$(BIN)/python -m pip install -q $(TORCH_PINS) 2>&1 | grep -v '^WARNING: Location' || true
-	$(BIN)/python -m pip install -q -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
+	$(call pip_install,--upgrade pip)
+	$(call pip_install,$(TORCH_PINS) -e '.$(EXTRAS)')
 	$(BIN)/python -c "import torch, torchvision, deskpod"
 	touch $@
 

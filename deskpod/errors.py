@@ -11,7 +11,8 @@ The tree::
     │   ├── AccessError          a valid token without the right to do this, e.g. not admin (HTTP 403)
     │   ├── NotFoundError        no such job or user, or one that belongs to another user (HTTP 404)
     │   ├── ConflictError        a request the current state refuses: a user that exists, requeueing a finished job (HTTP 409)
-    │   └── TooLargeError        a request body over the pod service's limit (HTTP 413)
+    │   ├── TooLargeError        a request body over the pod service's limit (HTTP 413)
+    │   └── MissingExtra         a feature whose extra is not installed: names it (pip install 'deskpod[lung]')
     └── RunError                 a failure while doing valid work (CLI exit 1, HTTP 5xx)
         ├── CheckpointError      a checkpoint that is missing, corrupt, or from another model
         ├── WorkerError          a worker process failed and retries are exhausted; carries the root cause
@@ -21,6 +22,8 @@ The CLI catches `DeskpodError` once, at the top, and prints ``deskpod: <message>
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 
 class DeskpodError(Exception):
@@ -98,3 +101,27 @@ class TooLargeError(UsageError):
 
 class ServiceError(RunError):
     """The pod service could not be reached, or failed while doing valid work (HTTP 5xx)."""
+
+
+class MissingExtra(UsageError):
+    """A feature whose optional libraries (an extra of pyproject.toml) are not installed; says which to install."""
+
+
+EXTRAS = {
+    "serve": ("onnxruntime", "onnx", "tritonclient.grpc"),
+    "lung": ("SimpleITK", "pydicom", "monai", "radiomics", "scipy"),
+}
+"""Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install."""
+
+
+def require_extra(extra: str, what: str, error: type[UsageError] = MissingExtra) -> None:
+    """Raise ``error`` unless every module of ``extra`` is installed (the pod refuses a job with `ConflictError`:
+    a valid spec this box cannot take). The modules are found, not imported: importing monai alone takes
+    seconds, and the command imports what it uses."""
+    for module in EXTRAS[extra]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing (tritonclient, for tritonclient.grpc)
+            found = False
+        if not found:
+            raise error(f"{what} needs the {extra} extra ({module} is not installed): pip install 'deskpod[{extra}]'")

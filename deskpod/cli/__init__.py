@@ -3,7 +3,8 @@
 Each subcommand lives in its own module here and exposes ``register(subparsers)``; the handler it
 sets parses nothing itself beyond argparse, builds a config, calls one library function and prints.
 Errors are caught once, below: a `DeskpodError` becomes one line on stderr and exit code 2 (bad
-input) or 1 (failure).
+input) or 1 (failure). A command of an extra (``deskpod lung``, ``deskpod serve``) sets ``extra=(NAME, PROG)``
+among its parser's defaults; without that extra installed it stops there, saying what to install.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from deskpod import __version__
-from deskpod.errors import DeskpodError, WorkerError
+from deskpod.errors import DeskpodError, WorkerError, require_extra
 
 # Modules that add subcommands, in the order `deskpod --help` lists them.
 COMMAND_MODULES = (
@@ -52,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what was asked, for commands that re-run it (srun)
     try:
+        if getattr(args, "extra", None):
+            require_extra(*args.extra)
         return int(args.func(args) or 0)
     except DeskpodError as e:
         print(f"deskpod: {e}", file=sys.stderr)

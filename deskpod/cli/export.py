@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="serve a model that takes an encoded JPEG/PNG (BYTES input, one image per row); the server applies "
         "the run's evaluation transform (size, crop, channels) before the graph",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, extra=("serve", p.prog))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="lung-nodule CT: analyze scans, train and evaluate the detector (decision support, not a medical device)",
         description="Lung-nodule analysis on chest CT. Decision support, not a medical device.",
     )
+    p.set_defaults(extra=("lung", p.prog))
     lung = p.add_subparsers(dest="lung_command", metavar="WHAT")
     lung.required = True
     _register_evaluate(lung)

@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--image-input", action="store_true",
         help="the model takes encoded JPEG/PNG and the server applies RUN's evaluation transform (see deskpod export)",
     )  # fmt: skip
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, extra=("serve", p.prog))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,7 +155,7 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: igno
         "--json-data", action="store_true", help="send tensors as JSON (gRPC: typed contents) instead of binary"
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(func=run_bench)
+    p.set_defaults(func=run_bench, extra=("serve", p.prog))
 
 
 def _numbers(text: str, what: str) -> list[float]:

@@ -71,7 +71,7 @@ WHY: dict[int, str] = {
 STATES = [s.value for s in JobState]
 SUBMIT_CONFLICT = (
     "a valid spec this box cannot take: it can never fit the devices, its workdir or serve run is not here, it needs"
-    " a cluster (nodes), or an interpreter, container runtime or OS account this box lacks"
+    " a cluster (nodes), or an interpreter, container runtime, OS account or extra (serve) this box lacks"
 )
 LOG_HEADERS: dict[str, Any] = {
     "X-Deskpod-Offset": {"required": True, "description": "the offset to ask for next",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import ConfigError, ConflictError, UsageError
+from deskpod.errors import ConfigError, ConflictError, UsageError, require_extra
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.jobs import supervisor as sv
 from deskpod.jobs.confinement import Confinement
@@ -70,6 +70,8 @@ class LocalExecutor:
     # Executor ------------------------------------------------------------------------------------
     def check(self, spec: JobSpec, user: User) -> int:
         """Refuse valid specs that this box cannot take: a conflict with its state (409), not bad input."""
+        if spec.serve is not None:
+            require_extra("serve", "job spec: a serve job", ConflictError)
         if spec.nodes > 1:
             raise ConflictError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "

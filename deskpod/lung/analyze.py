@@ -565,7 +565,7 @@ def _radiomics(
         rad = _module("deskpod.lung.radiomics", "radiomics")
         if importlib.util.find_spec("radiomics") is None:
             raise _Missing(
-                "radiomics needs pyradiomics (pip install pyradiomics-bhklab==3.1.4), which is not installed"
+                "radiomics needs pyradiomics, which is not installed (the lung extra: pip install 'deskpod[lung]')"
             )
     except _Missing as err:
         stages.skip("radiomics", str(err))

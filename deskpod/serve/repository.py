@@ -417,7 +417,7 @@ def parse_triton_config(text: str, model_dir: Path) -> ModelConfig:
     except ImportError as e:
         raise ConfigError(
             f"reading {model_dir / 'config.pbtxt'} needs Triton's model_config.proto as shipped by tritonclient "
-            f"(pip install 'tritonclient[grpc]'): {e}"
+            f"(the serve extra: pip install 'deskpod[serve]'): {e}"
         ) from None
     path, model = model_dir / "config.pbtxt", model_dir.name
     try:
