@@ -15,6 +15,7 @@ from packaging.utils import canonicalize_name
 from deskpod import cli, errors
 from deskpod.errors import ConflictError
 from deskpod.hardware.placement import Unplaceable
+from deskpod.jobs.local import LocalExecutor
 from deskpod.jobs.pod import Pod, PodConfig
 from deskpod.jobs.store import Store, User
 
@@ -79,7 +80,9 @@ def test_a_pod_without_the_serve_extra_refuses_a_serve_job(tmp_path: Path, monke
     store.add_user("alice", False)
     alice = User("alice", admin=False)
     never = Unplaceable("no device in this test", ever=False)
-    pod = Pod(PodConfig(home=tmp_path / "home"), store, device_count=1, device_kind="cpu", place=lambda *_: never)
+    config = PodConfig(home=tmp_path / "home")
+    local = LocalExecutor(config, device_count=1, device_kind="cpu", place=lambda *_: never)
+    pod = Pod(config, store, local, device_count=1, device_kind="cpu", place=local.place)
     serve = {"serve": {"run": str(tmp_path / "runs" / "r")}}
     with pytest.raises(ConflictError, match="is not a run folder"):  # with the extra: the next check speaks
         pod.submit(alice, serve)

@@ -39,7 +39,7 @@ from deskpod.envs.python import resolve_python
 from deskpod.envs.sandbox import Walls, bwrap_path, sandbox_argv
 from deskpod.envs.userfiles import prepare_owned_dir
 from deskpod.errors import ConfigError, RunError, UsageError
-from deskpod.jobs.isolation import closed_ancestors, interpreter_paths
+from deskpod.jobs.isolation import SANDBOX_TMPFS, closed_ancestors, interpreter_paths
 
 from .test_cache import LOCAL, packages, sources
 
@@ -227,8 +227,9 @@ def sandboxed(pod: Pod, account: Account, argv: list[str], writable: tuple[Path,
     readable = [*interpreter_paths(), Path(os.path.realpath(interp.path)).parent.parent]
     closed = closed_ancestors(readable)
     hidden = [pod.base / "pod", pod.private, *closed]
+    covered = [*hidden, *SANDBOX_TMPFS]  # an interpreter under /tmp (a checkout there) is shown again, as for jobs
     walls = Walls(writable=writable, hidden=tuple(hidden),
-                  extra_ro=tuple(p for p in dict.fromkeys(readable) if _under(p, hidden)))  # fmt: skip
+                  extra_ro=tuple(p for p in dict.fromkeys(readable) if _under(p, covered)))  # fmt: skip
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(account.home), "LANG": "C.UTF-8"}
     if sources() is LOCAL:
         env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=LOCAL.index_url or "")
