@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,11 +48,14 @@ def run_train(args: argparse.Namespace) -> int:
         devices=args.devices, precision=args.precision, repeats=args.repeats, reference=not args.no_reference,
     )  # fmt: skip
     result = run_bench(req, log=None if args.json else print)
-    import json
+    print_result(result, format_table, args.json)
+    return 0
 
-    if args.json:
+
+def print_result(result: dict[str, Any], table: Callable[[dict[str, Any]], str], as_json: bool) -> None:
+    """A benchmark's result: the JSON alone with ``--json``, else the table and then the JSON on one line."""
+    if as_json:
         print(json.dumps(result, indent=2))
     else:
-        print(format_table(result))
+        print(table(result))
         print(json.dumps(result))
-    return 0
