@@ -622,8 +622,8 @@ def main() -> int:
     res.update(load_after=os.getloadavg()[0], minutes=(time.time() - started) / 60, args=vars(args))
     res["args"]["keep"] = str(args.keep) if args.keep else None
     met = res.get("overhead", {}).get("met", True) and all(q["met"] for q in res.get("requeue", []))
-    return publish(res, met, only=bool(args.only), docs=not args.no_docs, report=report, section=SECTION,
-                   subsection=SUB, intro=INTRO)
+    return publish(res, met, only=bool(args.only), docs=not args.no_docs, report=report,
+                   section=SECTION, subsection=SUB, intro=INTRO)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -576,8 +576,8 @@ def main() -> int:
     res.update(load_after=os.getloadavg()[0], minutes=(time.time() - started) / 60, args=vars(args))
     res["args"]["keep"] = str(args.keep) if args.keep else None
     ok = all(res[k]["met"] for k in ("start", "sandbox", "rebuild") if k in res)
-    return publish(res, ok, only=bool(args.only), docs=not args.no_docs, report=report, section=SECTION,
-                   subsection=SUB, intro=INTRO)
+    return publish(res, ok, only=bool(args.only), docs=not args.no_docs, report=report,
+                   section=SECTION, subsection=SUB, intro=INTRO)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ def main() -> int:
         res |= run(args, Path(tmp))
     res.update(load_after=os.getloadavg()[0], seconds=time.time() - started, args=vars(args))
     return publish(res, res["met"] and not res["wrong"], only=False, docs=not args.no_docs, report=report_text,
-                   section=SECTION, subsection=SUB, intro=INTRO)
+                   section=SECTION, subsection=SUB, intro=INTRO)  # fmt: skip
 
 
 if __name__ == "__main__":

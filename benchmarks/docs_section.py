@@ -34,7 +34,7 @@ def replace_subsection(section: str, subsection: str, block: str, *, intro: str 
 
 
 def publish(res: dict[str, Any], met: bool, *, only: bool, docs: bool, report: Callable[[dict[str, Any], str], str],
-            section: str, subsection: str, intro: str) -> int:
+            section: str, subsection: str, intro: str) -> int:  # fmt: skip
     """Print a benchmark's results, put its report in its subsection unless ``docs`` is off, and return its exit
     status (1 when a target was missed). A partial run (``only``) prints its JSON alone and writes no docs."""
     command = f".venv/bin/python benchmarks/{Path(sys.argv[0]).name} " + shlex.join(sys.argv[1:])
