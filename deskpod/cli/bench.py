@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Callable
-from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,6 +38,7 @@ def register_train(bench: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from deskpod.cli.comm import print_result
     from deskpod.train.bench import BenchRequest, format_table, run_bench
 
     req = BenchRequest(
@@ -50,12 +48,3 @@ def run_train(args: argparse.Namespace) -> int:
     result = run_bench(req, log=None if args.json else print)
     print_result(result, format_table, args.json)
     return 0
-
-
-def print_result(result: dict[str, Any], table: Callable[[dict[str, Any]], str], as_json: bool) -> None:
-    """A benchmark's result: the JSON alone with ``--json``, else the table and then the JSON on one line."""
-    if as_json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(table(result))
-        print(json.dumps(result))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
+from typing import Any
 
 
 def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,7 +28,6 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: igno
 
 
 def run_bench_comm(args: argparse.Namespace) -> int:
-    from deskpod.cli.bench import print_result
     from deskpod.comm.bench import CommBenchConfig, format_table, run_comm_bench
     from deskpod.comm.collectives import parse_collectives
     from deskpod.errors import RunError
@@ -41,3 +43,13 @@ def run_bench_comm(args: argparse.Namespace) -> int:
     if result["wrong"]:
         raise RunError(f"{result['wrong']} wrong elements: the collectives returned bad results (see #wrong)")
     return 0
+
+
+def print_result(result: dict[str, Any], table: Callable[[dict[str, Any]], str], as_json: bool) -> None:
+    """A benchmark's result (``deskpod bench comm``, ``bench train``): the JSON alone with ``--json``, else the
+    table and then the JSON on one line."""
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result))
+        print(json.dumps(result))
