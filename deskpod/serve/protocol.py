@@ -149,14 +149,6 @@ def nesting(data: Any, limit: int) -> int:
     return deepest
 
 
-def _nesting(doc: Any) -> int:
-    """How deeply arrays and objects nest in a request's JSON, leaving out each input's ``data``."""
-    if isinstance(doc, dict) and isinstance(doc.get("inputs"), list):
-        specs = [{k: v for k, v in s.items() if k != "data"} if isinstance(s, dict) else s for s in doc["inputs"]]
-        doc = {**doc, "inputs": specs}
-    return nesting(doc, MAX_DEPTH)
-
-
 def decode_request(body: bytes, header_length: int | None) -> InferRequest:
     """Decode an infer request body; ``header_length`` is the Inference-Header-Content-Length value."""
     if header_length is not None and not 0 < header_length <= len(body):
@@ -166,7 +158,11 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         doc = _loads(head)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ProtocolError(f"request JSON is malformed: {e}") from None
-    if _nesting(doc) > MAX_DEPTH:
+    walked = doc  # each input's ``data`` is left out of the count
+    if isinstance(doc, dict) and isinstance(doc.get("inputs"), list):
+        specs = [{k: v for k, v in s.items() if k != "data"} if isinstance(s, dict) else s for s in doc["inputs"]]
+        walked = {**doc, "inputs": specs}
+    if nesting(walked, MAX_DEPTH) > MAX_DEPTH:
         raise ProtocolError(f"request JSON is nested too deeply; at most {MAX_DEPTH} arrays or objects")
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError('request must be a JSON object with a non-empty "inputs" list')
