@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from docs_section import cpu_model, replace_subsection
+from docs_section import cpu_model, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -622,16 +622,8 @@ def main() -> int:
     res.update(load_after=os.getloadavg()[0], minutes=(time.time() - started) / 60, args=vars(args))
     res["args"]["keep"] = str(args.keep) if args.keep else None
     met = res.get("overhead", {}).get("met", True) and all(q["met"] for q in res.get("requeue", []))
-    if args.only:
-        print(json.dumps(res))
-        return 0 if met else 1
-    command = ".venv/bin/python benchmarks/bench_cluster.py " + shlex.join(sys.argv[1:])
-    text = report(res, command.strip())
-    print(text)
-    print(json.dumps(res))
-    if not args.no_docs:
-        replace_subsection(SECTION, SUB, text, intro=INTRO)
-    return 0 if met else 1
+    return publish(res, met, only=bool(args.only), docs=not args.no_docs, report=report,
+                   section=SECTION, subsection=SUB, intro=INTRO)  # fmt: skip
 
 
 if __name__ == "__main__":

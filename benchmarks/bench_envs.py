@@ -46,7 +46,6 @@ import contextlib
 import json
 import os
 import re
-import shlex
 import signal
 import statistics
 import subprocess
@@ -57,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from docs_section import cpu_model, replace_subsection
+from docs_section import cpu_model, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -577,16 +576,8 @@ def main() -> int:
     res.update(load_after=os.getloadavg()[0], minutes=(time.time() - started) / 60, args=vars(args))
     res["args"]["keep"] = str(args.keep) if args.keep else None
     ok = all(res[k]["met"] for k in ("start", "sandbox", "rebuild") if k in res)
-    if args.only:
-        print(json.dumps(res))
-        return 0 if ok else 1
-    command = ".venv/bin/python benchmarks/bench_envs.py " + shlex.join(sys.argv[1:])
-    text = report(res, command.strip())
-    print(text)
-    print(json.dumps(res))
-    if not args.no_docs:
-        replace_subsection(SECTION, SUB, text, intro=INTRO)
-    return 0 if ok else 1
+    return publish(res, ok, only=bool(args.only), docs=not args.no_docs, report=report,
+                   section=SECTION, subsection=SUB, intro=INTRO)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from docs_section import cpu_model, replace_subsection
+from docs_section import cpu_model, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -184,13 +184,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="deskpod-bench-lung-analyze-") as tmp:
         res |= run(args, Path(tmp))
     res.update(load_after=os.getloadavg()[0], seconds=time.time() - started, args=vars(args))
-    command = (".venv/bin/python benchmarks/bench_lung_analyze.py " + shlex.join(sys.argv[1:])).strip()
-    text = report_text(res, command)
-    print(text)
-    print(json.dumps(res))
-    if not args.no_docs:
-        replace_subsection(SECTION, SUB, text, intro=INTRO)
-    return 0 if res["met"] and not res["wrong"] else 1
+    return publish(res, res["met"] and not res["wrong"], only=False, docs=not args.no_docs, report=report_text,
+                   section=SECTION, subsection=SUB, intro=INTRO)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ import csv
 import json
 import math
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from docs_section import cpu_model, replace_subsection
+from docs_section import cpu_model, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -372,13 +371,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="deskpod-bench-lung-") as tmp:
         res |= run(args, Path(tmp))
     res.update(load_after=os.getloadavg()[0], seconds=time.time() - started, args=vars(args))
-    command = ".venv/bin/python benchmarks/bench_lung_eval.py " + shlex.join(sys.argv[1:])
-    text = report(res, command.strip())
-    print(text)
-    print(json.dumps(res))
-    if not args.no_docs:
-        replace_subsection(SECTION, SUB, text, intro=INTRO)
-    return 0 if res["same_results"] and res["met"] else 1
+    return publish(res, res["same_results"] and res["met"], only=False, docs=not args.no_docs, report=report,
+                   section=SECTION, subsection=SUB, intro=INTRO)  # fmt: skip
 
 
 if __name__ == "__main__":

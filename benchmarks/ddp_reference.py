@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 import torch.distributed as dist
 import torchvision
+from reference_ddp import join_ddp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -34,15 +34,7 @@ def main() -> None:
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     args = p.parse_args()
 
-    cuda = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        device = torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo")
+    device, local_rank, cuda = join_ddp()
     world = dist.get_world_size()
 
     torch.manual_seed(0)

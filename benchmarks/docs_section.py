@@ -7,9 +7,14 @@ a benchmark again replaces its subsection and leaves everything else as it was.
 from __future__ import annotations
 
 import contextlib
+import json
 import platform
 import re
+import shlex
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
@@ -26,6 +31,20 @@ def replace_subsection(section: str, subsection: str, block: str, *, intro: str 
     pattern = re.compile(rf"^{re.escape(subsection)}\n.*?(?=^### |\Z)", re.S | re.M)
     mine = pattern.sub(lambda _: block + "\n", mine) if pattern.search(mine) else mine.rstrip("\n") + "\n\n" + block
     docs.write_text(head + section + mine.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
+
+
+def publish(res: dict[str, Any], met: bool, *, only: bool, docs: bool, report: Callable[[dict[str, Any], str], str],
+            section: str, subsection: str, intro: str) -> int:  # fmt: skip
+    """Print a benchmark's results, put its report in its subsection unless ``docs`` is off, and return its exit
+    status (1 when a target was missed). A partial run (``only``) prints its JSON alone and writes no docs."""
+    command = f".venv/bin/python benchmarks/{Path(sys.argv[0]).name} " + shlex.join(sys.argv[1:])
+    text = "" if only else report(res, command.strip())
+    if text:
+        print(text)
+    print(json.dumps(res))
+    if text and docs:
+        replace_subsection(section, subsection, text, intro=intro)
+    return 0 if met else 1
 
 
 def cpu_model() -> str:

@@ -35,6 +35,21 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def join_ddp() -> tuple[torch.device, int, bool]:
+    """This torchrun worker's device, local rank and whether it is a GPU, in the joined process group: its GPU
+    and NCCL, or the CPU (``OMP_NUM_THREADS`` threads) and Gloo. Both plain references start this way."""
+    cuda = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    return device, local_rank, cuda
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet18", help="a torchvision model name")
@@ -48,15 +63,7 @@ def main() -> None:
     started = time.time()  # after torch's import: where deskpod's worker writes its pid file
     import torchvision  # after it, as deskpod's worker imports it when it builds the model
 
-    cuda = torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "x") != ""
-    local_rank = int(os.environ["LOCAL_RANK"])
-    if cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        device = torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo")
+    device, local_rank, cuda = join_ddp()
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.global_batch % world:
         raise SystemExit(f"--global-batch {args.global_batch} does not divide by {world} workers")

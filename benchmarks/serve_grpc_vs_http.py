@@ -55,6 +55,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ab_tree import cli
+from serve_vs_triton import mlp
 
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 2
@@ -67,14 +68,7 @@ def build_repo(repo: Path) -> Path:
     from deskpod.serve.export import ExportOptions, export_model
 
     torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Flatten(),
-        torch.nn.Linear(784, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 512),
-        torch.nn.ReLU(),
-        torch.nn.Linear(512, 10),
-    )
+    net = mlp()
     opts = ExportOptions(repo=repo, name="mlp", max_batch_size=32, max_queue_delay_us=0, threads=THREADS)
     return export_model(net, SHAPE, opts) / "model.onnx"
 

@@ -85,6 +85,14 @@ instance_group [{{ count: {instances} kind: KIND_CPU }}]
 """
 
 
+def mlp() -> Any:
+    """The MNIST-sized MLP (784-512-512-10) both serving benchmarks export."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))  # fmt: skip
+
+
 def build_models(work: Path, threads: int, delay_us: int, site: str) -> dict[str, Path]:
     """ONNX files into a deskpod repository (via deskpod export) and a Triton repository."""
     import torch
@@ -94,17 +102,7 @@ def build_models(work: Path, threads: int, delay_us: int, site: str) -> dict[str
     from deskpod.serve.repository import read_config, write_config
 
     torch.manual_seed(0)
-    nets = {
-        "mlp": torch.nn.Sequential(
-            torch.nn.Flatten(),
-            torch.nn.Linear(784, 512),
-            torch.nn.ReLU(),
-            torch.nn.Linear(512, 512),
-            torch.nn.ReLU(),
-            torch.nn.Linear(512, 10),
-        ),
-        "resnet18": torchvision.models.resnet18(num_classes=1000),
-    }
+    nets = {"mlp": mlp(), "resnet18": torchvision.models.resnet18(num_classes=1000)}
     repo, trepo = work / "deskpod", work / "triton"
     for name, net in nets.items():
         opts = ExportOptions(repo=repo, name=name, max_batch_size=32, max_queue_delay_us=delay_us, threads=threads)

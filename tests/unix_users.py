@@ -17,8 +17,10 @@ import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +81,18 @@ def _remove_user(name: str) -> None:
                 os.kill(pid, signal.SIGKILL)
     _run("userdel", "--force", name, check=False)
     _run("groupdel", name, check=False)  # userdel usually removes it already
+
+
+@contextlib.contextmanager
+def shared_folder(prefix: str, mode: int = 0o755) -> Iterator[Path]:
+    """A new folder with ``mode``, so that other accounts can reach it (pytest's own is root's alone), outside /tmp
+    (a sandbox has its own); removed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    try:
+        base.chmod(mode)
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ def register_train(bench: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from deskpod.cli.comm import print_result
     from deskpod.train.bench import BenchRequest, format_table, run_bench
 
     req = BenchRequest(
@@ -45,11 +46,5 @@ def run_train(args: argparse.Namespace) -> int:
         devices=args.devices, precision=args.precision, repeats=args.repeats, reference=not args.no_reference,
     )  # fmt: skip
     result = run_bench(req, log=None if args.json else print)
-    import json
-
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_table(result))
-        print(json.dumps(result))
+    print_result(result, format_table, args.json)
     return 0

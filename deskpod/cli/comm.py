@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Callable
+from typing import Any
 
 
 def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -25,8 +28,6 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: igno
 
 
 def run_bench_comm(args: argparse.Namespace) -> int:
-    import json
-
     from deskpod.comm.bench import CommBenchConfig, format_table, run_comm_bench
     from deskpod.comm.collectives import parse_collectives
     from deskpod.errors import RunError
@@ -38,11 +39,17 @@ def run_bench_comm(args: argparse.Namespace) -> int:
         warmup=args.warmup, devices=args.devices, backend=args.backend, dtype=args.dtype, threads=args.threads,
     )  # fmt: skip
     result = run_comm_bench(config, log=None if args.json else print)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_table(result))
-        print(json.dumps(result))
+    print_result(result, format_table, args.json)
     if result["wrong"]:
         raise RunError(f"{result['wrong']} wrong elements: the collectives returned bad results (see #wrong)")
     return 0
+
+
+def print_result(result: dict[str, Any], table: Callable[[dict[str, Any]], str], as_json: bool) -> None:
+    """A benchmark's result (``deskpod bench comm``, ``bench train``): the JSON alone with ``--json``, else the
+    table and then the JSON on one line."""
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result))
+        print(json.dumps(result))

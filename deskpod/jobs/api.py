@@ -41,6 +41,7 @@ from deskpod.jobs.pod import Pod
 from deskpod.jobs.spec import SPEC_SCHEMA
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import User
+from deskpod.serve import protocol
 
 MAX_BODY = 4 << 20
 """Bytes; a spec is a few hundred, one carrying its environment's lock file up to a few MiB. Larger
@@ -461,17 +462,8 @@ def parse_json(body: bytes) -> Any:
 
 
 def nesting(data: Any) -> int:
-    """How deeply arrays and objects nest in decoded JSON (0 for a scalar), without recursion."""
-    deepest, todo = 0, [(data, 1)]
-    while todo:
-        value, depth = todo.pop()
-        if isinstance(value, dict):
-            value = list(value.values())
-        if isinstance(value, list):
-            deepest = max(deepest, depth)
-            if depth <= MAX_DEPTH:  # deeper is refused anyway: the walk stops there
-                todo.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
-    return deepest
+    """How deeply arrays and objects nest in decoded JSON (0 for a scalar), walked no deeper than `MAX_DEPTH` + 1."""
+    return protocol.nesting(data, MAX_DEPTH)
 
 
 def spec_without_environment() -> dict[str, Any]:

@@ -24,18 +24,18 @@ def render(status: dict[str, Any], counts: dict[str, int], durations: Sequence[f
         out.append(f"# HELP {name} {text}")
         out.append(f"# TYPE {name} {kind}")
 
-    family("deskpod_queue_length", "gauge", "Jobs waiting for devices.")
-    out.append(f"deskpod_queue_length {status['queued']}")
-    family("deskpod_jobs_running", "gauge", "Jobs starting, building their environment, or running.")
-    out.append(f"deskpod_jobs_running {status['running']}")
+    def gauge(name: str, text: str, value: object) -> None:
+        family(name, "gauge", text)
+        out.append(f"{name} {value}")
+
+    gauge("deskpod_queue_length", "Jobs waiting for devices.", status["queued"])
+    gauge("deskpod_jobs_running", "Jobs starting, building their environment, or running.", status["running"])
     family("deskpod_jobs", "gauge", "Jobs by state.")
     for state in JobState:
         out.append(f'deskpod_jobs{{state="{state.value}"}} {counts.get(state.value, 0)}')
     devices = status["devices"]
-    family("deskpod_devices", "gauge", "Devices (GPUs, or CPU worker slots) of this box.")
-    out.append(f"deskpod_devices {len(devices)}")
-    family("deskpod_devices_allocated", "gauge", "Devices held by a job.")
-    out.append(f"deskpod_devices_allocated {sum(1 for d in devices if d['job'] is not None)}")
+    gauge("deskpod_devices", "Devices (GPUs, or CPU worker slots) of this box.", len(devices))
+    gauge("deskpod_devices_allocated", "Devices held by a job.", sum(1 for d in devices if d["job"] is not None))
     family("deskpod_device_allocated", "gauge", "1 when the device is held by a job.")
     for d in devices:
         held = 0 if d["job"] is None else 1

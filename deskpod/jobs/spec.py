@@ -47,7 +47,7 @@ from deskpod.envs.definition import ENVIRONMENT_SCHEMA, IMAGE_RE, EnvDefinition,
 from deskpod.errors import ConfigError
 from deskpod.jobs.kinds import KINDS as KIND_MODULES
 from deskpod.jobs.kinds.command import MAX_ARG_CHARS, NO_NUL
-from deskpod.jobs.kinds.fields import bad, integer, no_nulls, whole
+from deskpod.jobs.kinds.fields import bad, integer, no_nulls, table, whole
 from deskpod.train.runs import NAME_HELP, NAME_RE
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -304,13 +304,8 @@ def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:
 
 def _slurm(t: object) -> dict[str, Any]:
     """The ``[slurm]`` table, checked, with its defaults filled in."""
-    if not isinstance(t, Mapping):
-        raise bad("slurm", t, 'expected a table, e.g. [slurm] partition = "gpu"')
-    unknown = sorted(str(k) for k in t if k not in SLURM_FIELDS)
-    if unknown:
-        raise ConfigError(f"job spec: unknown field slurm.{unknown[0]}; valid: {', '.join(SLURM_FIELDS)}")
-    no_nulls(t, "slurm.")
-    out = {**SLURM_DEFAULTS, **dict(t)}
+    slurm = table(t, "slurm", SLURM_FIELDS, 'expected a table, e.g. [slurm] partition = "gpu"')
+    out = {**SLURM_DEFAULTS, **slurm}
     for key in ("partition", "account", "qos"):
         v = out.get(key)
         if v is not None and (not isinstance(v, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v)):

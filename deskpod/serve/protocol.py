@@ -134,20 +134,17 @@ def _loads(head: bytes) -> Any:
         raise ProtocolError(f"request JSON has a number of more than {limit} digits; no field takes one") from None
 
 
-def _nesting(doc: Any) -> int:
-    """How deeply arrays and objects nest in a request's JSON, leaving out each input's ``data``; walked without
-    recursion, and no deeper than `MAX_DEPTH` + 1."""
-    if isinstance(doc, dict) and isinstance(doc.get("inputs"), list):
-        specs = [{k: v for k, v in s.items() if k != "data"} if isinstance(s, dict) else s for s in doc["inputs"]]
-        doc = {**doc, "inputs": specs}
-    deepest, todo = 0, [(doc, 1)]
+def nesting(data: Any, limit: int) -> int:
+    """How deeply arrays and objects nest in decoded JSON (0 for a scalar); walked without recursion, and no
+    deeper than ``limit`` + 1 (deeper is refused anyway: the walk stops there). The pod's API uses it too."""
+    deepest, todo = 0, [(data, 1)]
     while todo:
         value, depth = todo.pop()
         if isinstance(value, dict):
             value = list(value.values())
         if isinstance(value, list):
             deepest = max(deepest, depth)
-            if depth <= MAX_DEPTH:
+            if depth <= limit:
                 todo.extend((v, depth + 1) for v in value if isinstance(v, dict | list))
     return deepest
 
@@ -161,7 +158,11 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
         doc = _loads(head)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ProtocolError(f"request JSON is malformed: {e}") from None
-    if _nesting(doc) > MAX_DEPTH:
+    walked = doc  # each input's ``data`` is left out of the count
+    if isinstance(doc, dict) and isinstance(doc.get("inputs"), list):
+        specs = [{k: v for k, v in s.items() if k != "data"} if isinstance(s, dict) else s for s in doc["inputs"]]
+        walked = {**doc, "inputs": specs}
+    if nesting(walked, MAX_DEPTH) > MAX_DEPTH:
         raise ProtocolError(f"request JSON is nested too deeply; at most {MAX_DEPTH} arrays or objects")
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError('request must be a JSON object with a non-empty "inputs" list')

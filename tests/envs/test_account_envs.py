@@ -22,7 +22,6 @@ import stat
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from deskpod.envs.sandbox import Walls, bwrap_path, sandbox_argv
 from deskpod.envs.userfiles import prepare_owned_dir
 from deskpod.errors import ConfigError, RunError, UsageError
 from deskpod.jobs.isolation import SANDBOX_TMPFS, closed_ancestors, interpreter_paths
+from tests.unix_users import shared_folder
 
 from .test_cache import LOCAL, packages, sources
 
@@ -105,9 +105,7 @@ class Pod:
 @pytest.fixture
 def pod(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pod]:
     monkeypatch.setattr(cli, "COMMAND_MODULES", ("deskpod.cli.env",))
-    base = Path(tempfile.mkdtemp(prefix="deskpod-envs-", dir="/var/tmp"))
-    try:
-        base.chmod(0o711)
+    with shared_folder("deskpod-envs-", 0o711) as base:
         cache = base / "pod" / "envs"
         cache.mkdir(parents=True)
         for p in (base / "pod", cache):
@@ -115,8 +113,6 @@ def pod(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pod]:
         private = base / "private"
         private.mkdir(mode=0o700)
         yield Pod(base, cache, private)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 SIX = packages("six==1.17.0")
@@ -125,12 +121,9 @@ SIX = packages("six==1.17.0")
 @pytest.fixture(scope="module")
 def template() -> Iterator[Path]:
     """A cache root with one ready environment (six), built once; tests copy it into an account's tree."""
-    base = Path(tempfile.mkdtemp(prefix="deskpod-envs-template-", dir="/var/tmp"))
-    try:
+    with shared_folder("deskpod-envs-template-", 0o700) as base:
         EnvCache(base / "envs", sources=sources()).ensure(SIX, log=io.BytesIO())
         yield base / "envs"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def copy_tree(template: Path, tree: Path, account: Account) -> None:

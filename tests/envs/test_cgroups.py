@@ -6,6 +6,7 @@ group's ``cgroup.procs`` files before it does anything else. Every cgroup a test
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -70,6 +71,22 @@ def new_group(pod: PodCgroups) -> Iterator[Callable[[Limits], JobGroup]]:
     for group in made:
         group.kill()
         group.remove()
+
+
+@contextlib.contextmanager
+def sleeper_in(group: JobGroup) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``sleep`` joined to ``group``; afterwards it is killed, and the group killed and removed, whatever happened."""
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    try:
+        group.join(sleeper.pid)
+        yield sleeper
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        if group.exists():
+            group.kill()
+            group.remove()
 
 
 def gone(pid: int) -> bool:
@@ -181,9 +198,7 @@ def test_kill_ends_a_grandchild_that_left_with_setsid(new_group: Callable[[Limit
 
 def test_remove_leaves_nothing_and_refuses_while_a_process_lives(pod: PodCgroups) -> None:
     group = pod.create(424242, Limits(cpus=(sorted(os.sched_getaffinity(0))[0],), memory_bytes=2**30, tasks=100))
-    sleeper = subprocess.Popen(["sleep", "1000"])
-    try:
-        group.join(sleeper.pid)
+    with sleeper_in(group) as sleeper:
         with pytest.raises(ConflictError, match=f"job 424242's cgroup still holds processes {sleeper.pid}"):
             group.remove()
         with pytest.raises(ConflictError, match=str(sleeper.pid)):
@@ -194,21 +209,12 @@ def test_remove_leaves_nothing_and_refuses_while_a_process_lives(pod: PodCgroups
         assert not any(folder.exists() for _, folder in group.folders)
         assert 424242 not in pod.job_ids() and pod.find(424242) is None
         group.remove()  # already gone: nothing to do
-    finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
-        if group.exists():
-            group.kill()
-            group.remove()
 
 
 def test_a_restarted_daemon_finds_the_group_again_by_job_id(pod: PodCgroups) -> None:
     limits = Limits(cpus=(sorted(os.sched_getaffinity(0))[-1],), memory_bytes=512 * 2**20, tasks=300)
     group = pod.create(31337, limits)
-    sleeper = subprocess.Popen(["sleep", "1000"])
-    try:
-        group.join(sleeper.pid)
+    with sleeper_in(group) as sleeper:
         again = detect(pod.pod)  # a new daemon: a new detection, a new object
         assert again.cgroups is not None
         found = again.cgroups.find(31337)
@@ -222,13 +228,6 @@ def test_a_restarted_daemon_finds_the_group_again_by_job_id(pod: PodCgroups) -> 
         assert sleeper.wait(timeout=60) == -signal.SIGKILL
         found.remove()
         assert group.exists() is False
-    finally:
-        if sleeper.poll() is None:
-            sleeper.kill()
-            sleeper.wait()
-        if group.exists():
-            group.kill()
-            group.remove()
 
 
 def test_the_shim_gets_one_cgroup_argument_per_hierarchy(new_group: Callable[[Limits], JobGroup]) -> None:

@@ -160,6 +160,13 @@ class Pods:
             pod.stop()
 
 
+def job_schema(document: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of ``POST /v1/jobs``' body in the pod's OpenAPI ``document``."""
+    schema = document["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert isinstance(schema, dict)
+    return schema
+
+
 def python_job(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 

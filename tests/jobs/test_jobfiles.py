@@ -21,7 +21,6 @@ import os
 import shutil
 import sqlite3
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,7 +39,7 @@ from deskpod.jobs.store import Store
 from deskpod.web import logs
 from deskpod.web.runinfo import checkpoint_files, has_checkpoint
 from tests.jobs.pods import Pod, Pods, as_user, on_socket, wait_state
-from tests.unix_users import make_users
+from tests.unix_users import make_users, shared_folder
 from tests.web.browser import sign_in
 
 ROOT = os.geteuid() == 0
@@ -213,11 +212,9 @@ FAILS = {"model": "mlp", "data": "imagefolder:/nowhere"}
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Path]:
-    """A folder every account can reach, outside /tmp (a sandbox has its own)."""
-    base = Path(tempfile.mkdtemp(prefix="deskpod-jobfiles-", dir="/var/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    """A folder every account can reach."""
+    with shared_folder("deskpod-jobfiles-") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

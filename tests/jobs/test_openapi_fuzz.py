@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from deskpod.jobs.states import JobState
-from tests.jobs.pods import Pod, Pods, wait_for
+from tests.jobs.pods import Pod, Pods, job_schema, wait_for
 from tests.unix_users import make_users
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -65,16 +65,10 @@ def document(full_pod: tuple[Pod, str]) -> dict[str, Any]:
     return raw
 
 
-def spec_schema(document: dict[str, Any]) -> dict[str, Any]:
-    body = document["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert isinstance(body, dict)
-    return body
-
-
 def for_generation(document: dict[str, Any]) -> dict[str, Any]:
     """The document with file-valued environments left out of generation (see the module's docstring)."""
     doc = copy.deepcopy(document)
-    env = spec_schema(doc)["properties"].get("environment")
+    env = job_schema(doc)["properties"].get("environment")
     if env is not None:
         env["oneOf"] = [k for k in env["oneOf"] if k["required"][0] in ("packages", "image")]
     return doc
@@ -138,12 +132,12 @@ def test_the_document_lists_what_the_fuzzer_found(document: dict[str, Any]) -> N
                     assert body.get("required") == ["error"], (method, path, code, body)
     (state,) = [p for p in paths["/v1/jobs"]["get"]["parameters"] if p["name"] == "state"]
     assert set(state["schema"]["enum"]) == {s.value for s in JobState}  # so `state=` is documented as invalid
-    valid = jsonschema_rs.validator_for(spec_schema(document)).is_valid
+    valid = jsonschema_rs.validator_for(job_schema(document)).is_valid
     assert not valid({}) and not valid({"name": "x"}) and not valid({"command": ["x"], "train": {}})
     assert valid({"command": ["x"]}) and valid({"train": {}}) and valid({"serve": {"run": "/r"}})
     assert set(paths) <= {p for p in paths if p.startswith(("/v1/", "/health", "/metrics"))}  # no dashboard pages
     assert "HTTPBearer" in document["components"]["securitySchemes"]
-    env = spec_schema(document)["properties"]["environment"]["properties"]
+    env = job_schema(document)["properties"]["environment"]["properties"]
     assert all(env[k]["properties"]["file"]["minLength"] == 1 for k in ("requirements", "lock", "pyproject"))
     follow = paths["/v1/jobs"]["post"]["responses"]["201"]["links"]  # what the stateful phase follows
     assert {link["parameters"]["job_id"] for link in follow.values()} == {"$response.body#/id"} and len(follow) == 4

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from deskpod.envs.accounts import Account
-from tests.jobs.pods import Pod, Pods, wait_for, wait_state
+from tests.jobs.pods import Pod, Pods, job_schema, wait_for, wait_state
 from tests.unix_users import make_users
 from tests.web.browser import csrf_of, sign_in
 
@@ -201,12 +201,6 @@ def document(pod: Pod) -> dict[str, Any]:
     doc = httpx.get(f"{pod.url}/openapi.json", timeout=30).json()
     assert isinstance(doc, dict)
     return doc
-
-
-def job_schema(document: dict[str, Any]) -> dict[str, Any]:
-    schema = document["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert isinstance(schema, dict)
-    return schema
 
 
 @pytest.mark.parametrize("kind", ["requirements", "pyproject", "lock"])

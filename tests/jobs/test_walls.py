@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from deskpod.envs.accounts import Account
 from deskpod.errors import ConflictError
 from tests.jobs.pods import Pod, Pods, as_user, on_socket, wait_state
 from tests.redteam import probe_sdist
-from tests.unix_users import make_users
+from tests.unix_users import make_users, shared_folder
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as other users only on a pod started by root")
 
@@ -59,14 +57,11 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Path]:
-    """A folder every account can reach (pytest's own is root's alone), outside /tmp (a sandbox has its own): the
-    socket, the probe's package, the users' folders."""
-    base = Path(tempfile.mkdtemp(prefix="deskpod-walls-", dir="/var/tmp"))
-    base.chmod(0o755)
-    (base / "wheels").mkdir(mode=0o755)
-    probe_sdist(base / "wheels", "deskpod-probe", BACKEND)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    """A folder every account can reach: the socket, the probe's package, the users' folders."""
+    with shared_folder("deskpod-walls-") as base:
+        (base / "wheels").mkdir(mode=0o755)
+        probe_sdist(base / "wheels", "deskpod-probe", BACKEND)
+        yield base
 
 
 @pytest.fixture(scope="module")

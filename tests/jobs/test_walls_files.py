@@ -13,9 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ import pytest
 
 from deskpod.envs.accounts import Account
 from tests.jobs.pods import Pod, Pods, as_user, on_socket, wait_for, wait_state
-from tests.unix_users import make_users
+from tests.unix_users import make_users, shared_folder
 from tests.web.browser import csrf_of, sign_in
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the attacks play local users against a pod run by root")
@@ -39,11 +37,9 @@ WAIT_S = 180
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Path]:
-    """A folder every account can reach (pytest's own is root's alone), outside /tmp (a sandbox has its own)."""
-    base = Path(tempfile.mkdtemp(prefix="deskpod-walls-files-", dir="/var/tmp"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
+    """A folder every account can reach."""
+    with shared_folder("deskpod-walls-files-") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,25 +93,14 @@ def test_points_round_trip_between_the_two_scans(moved_pair: tuple[Registration,
 
 
 def test_a_scan_against_noise_is_refused(lung1: Scan) -> None:
-    noise = Scan(
-        hu=np.random.default_rng(1).normal(0.0, 500.0, size=lung1.hu.shape).astype(np.float32),
-        spacing=lung1.spacing,
-        origin=lung1.origin,
-        direction=lung1.direction,
-        source="noise.nrrd",
-    )
+    hu = np.random.default_rng(1).normal(0.0, 500.0, size=lung1.hu.shape).astype(np.float32)
+    noise = replace(lung1, hu=hu, source="noise.nrrd")
     with pytest.raises(RunError, match=r"registration of noise\.nrrd onto .* failed: .* correlates"):
         register_rigid(lung1, noise)
 
 
 def test_a_flat_prior_is_refused(lung1: Scan) -> None:
-    flat = Scan(
-        hu=np.full(lung1.hu.shape, -1000.0, dtype=np.float32),
-        spacing=lung1.spacing,
-        origin=lung1.origin,
-        direction=lung1.direction,
-        source="air.nrrd",
-    )
+    flat = replace(lung1, hu=np.full(lung1.hu.shape, -1000.0, dtype=np.float32), source="air.nrrd")
     with pytest.raises(RunError, match=r"registration of air\.nrrd onto .* failed: the prior scan is uniform"):
         register_rigid(lung1, flat)
 

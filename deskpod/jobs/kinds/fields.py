@@ -34,6 +34,17 @@ def flag(data: Mapping[str, Any], key: str, prefix: str = "") -> bool:
     return v
 
 
+def table(t: object, name: str, fields: tuple[str, ...], expected: str) -> Mapping[str, Any]:
+    """The spec's ``[name]`` table: a mapping of known ``fields``, none of them null; else `ConfigError`."""
+    if not isinstance(t, Mapping):
+        raise bad(name, t, expected)
+    unknown = sorted(str(k) for k in t if k not in fields)
+    if unknown:
+        raise ConfigError(f"job spec: unknown field {name}.{unknown[0]}; valid: {', '.join(fields)}")
+    no_nulls(t, f"{name}.")
+    return t
+
+
 def no_nulls(table: Mapping[str, Any], prefix: str) -> None:
     """Refuse a field given as null: no field of a spec takes one (the schema says so); a field left out gets its
     default. (`deskpod.jobs.spec.stored_spec` reads specs stored when unset fields were written as null.)"""

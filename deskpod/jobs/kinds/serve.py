@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deskpod.errors import ConfigError, ConflictError, UsageError
+from deskpod.errors import ConflictError, UsageError
 from deskpod.files import write_json
-from deskpod.jobs.kinds.fields import bad, flag, integer, no_nulls
+from deskpod.jobs.kinds.fields import bad, flag, integer, table
 from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 
 if TYPE_CHECKING:
@@ -65,12 +65,7 @@ def model_name(run: Path | str) -> str:
 
 def parse(t: object) -> dict[str, Any]:
     """The ``[serve]`` table, checked, with its defaults filled in."""
-    if not isinstance(t, Mapping):
-        raise bad("serve", t, 'expected a table with run = "/abs/path/runs/NAME"')
-    unknown = sorted(str(k) for k in t if k not in FIELDS)
-    if unknown:
-        raise ConfigError(f"job spec: unknown field serve.{unknown[0]}; valid: {', '.join(FIELDS)}")
-    no_nulls(t, "serve.")
+    t = table(t, "serve", FIELDS, 'expected a table with run = "/abs/path/runs/NAME"')
     run = t.get("run")
     if not isinstance(run, str) or not run.startswith("/") or "\0" in run or len(run) > 4096:
         raise bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')
