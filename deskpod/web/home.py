@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -28,10 +28,8 @@ from deskpod.hardware.topology import Topology
 from deskpod.hardware.usage import Usage, UsageSampler
 from deskpod.web import render
 from deskpod.web.app import Web
-from deskpod.web.session import ROOT, Viewer, viewer
+from deskpod.web.session import ROOT, Signed, Viewer
 from deskpod.web.topology_svg import link_counts, nearest_devices, nic_groups, nvlink_total, render_svg
-
-Signed = Annotated[Viewer, Depends(viewer)]
 
 POLL_MS = 2000
 """How often the page asks for new figures."""
