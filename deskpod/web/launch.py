@@ -169,16 +169,11 @@ def job_spec(state: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, A
         train["steps"] = values["steps"]
     else:
         train["epochs"] = values["epochs"]
-    for key in FLAGS:
-        if values[key] != _typed_default(key):
-            train[key] = values[key]
-    return train_kind.spec(train, devices=values["devices"], name=values["name"] or None)
-
-
-def _typed_default(key: str) -> Any:
     from deskpod.train.config import TrainConfig
 
-    return getattr(TrainConfig(), key)
+    d = TrainConfig()
+    train.update({key: values[key] for key in FLAGS if values[key] != getattr(d, key)})
+    return train_kind.spec(train, devices=values["devices"], name=values["name"] or None)
 
 
 def cli_line(spec: Mapping[str, Any]) -> str:
