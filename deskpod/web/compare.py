@@ -88,11 +88,8 @@ def _run(web: Web, job: JobRecord, i: int) -> tuple[CompareRun, Series | None]:
     config = resolved_config(web, job)
     summary = read_summary(run) or {}
     series = web.series.get(RunPaths(run).metrics) if run is not None else None
-    last = {
-        "loss": None if series is None else series.last("train", "loss"),
-        "val_accuracy": None if series is None else series.last("val", "val_accuracy"),
-        "step": None if series is None else series.last("train", "step"),
-    }
+    last = {key: None if series is None else series.last(kind, key)
+            for kind, key in (("train", "loss"), ("val", "val_accuracy"), ("train", "step"))}  # fmt: skip
     got = CompareRun(
         id=str(job.id),
         name=job.name,
