@@ -130,6 +130,10 @@ def counts(status: dict[str, Any], devices: list[DeviceRow]) -> Counts:
     return Counts(status["queued"], status["running"], len(devices), free)
 
 
+DEVICE_KEYS = ("index", "label", "model", "memory_gb", "numa_node", "cpu_affinity", "nvlinks", "nearest_nics")
+"""What the facts table shows of each device (`describe`'s rows without the pair matrix)."""
+
+
 def topology_summary(web: Web, topology: Topology) -> dict[str, Any]:
     """The facts table's data (``describe`` without the pair matrix), computed once per topology."""
     hit = web.cache.get(SUMMARY)
@@ -166,22 +170,7 @@ def topology_summary(web: Web, topology: Topology) -> dict[str, Any]:
         "nvlink_cliques": info["nvlink_cliques"],
         "nics": nics,
         "far_nics": [nic.name for nic in far],
-        "devices": [
-            {
-                k: d[k]
-                for k in (
-                    "index",
-                    "label",
-                    "model",
-                    "memory_gb",
-                    "numa_node",
-                    "cpu_affinity",
-                    "nvlinks",
-                    "nearest_nics",
-                )
-            }
-            for d in info["devices"]
-        ],
+        "devices": [{k: d[k] for k in DEVICE_KEYS} for d in info["devices"]],
         "partitions": info["partitions"],
         "placements": info["placements"],
     }
