@@ -11,9 +11,9 @@ import importlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -28,6 +28,7 @@ from deskpod.web import render
 from deskpod.web.series import SeriesCache
 from deskpod.web.session import (
     ROOT,
+    Signed,
     SignInRequired,
     Viewer,
     check_login_token,
@@ -51,8 +52,6 @@ PAGES = (
     "deskpod.web.models",
 )
 """Modules that add pages, each with ``register(app, web)``."""
-
-Signed = Annotated[Viewer, Depends(viewer)]
 
 
 @dataclass

@@ -11,10 +11,10 @@ not a number, or a job that is not a training, is a 400 with a message saying wh
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import quote
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
 from deskpod.errors import ConfigError
@@ -24,10 +24,8 @@ from deskpod.web import render, stream
 from deskpod.web.app import Web
 from deskpod.web.runinfo import display, read_summary, resolved_config
 from deskpod.web.series import Series
-from deskpod.web.session import Viewer, viewer
+from deskpod.web.session import Signed, Viewer
 from deskpod.web.terminal import TENSORBOARD_PORT, event_folder, tensorboard_line
-
-Signed = Annotated[Viewer, Depends(viewer)]
 
 MAX_RUNS = 8
 COLORS = 6
@@ -90,11 +88,8 @@ def _run(web: Web, job: JobRecord, i: int) -> tuple[CompareRun, Series | None]:
     config = resolved_config(web, job)
     summary = read_summary(run) or {}
     series = web.series.get(RunPaths(run).metrics) if run is not None else None
-    last = {
-        "loss": None if series is None else series.last("train", "loss"),
-        "val_accuracy": None if series is None else series.last("val", "val_accuracy"),
-        "step": None if series is None else series.last("train", "step"),
-    }
+    last = {key: None if series is None else series.last(kind, key)
+            for kind, key in (("train", "loss"), ("val", "val_accuracy"), ("train", "step"))}  # fmt: skip
     got = CompareRun(
         id=str(job.id),
         name=job.name,

@@ -80,10 +80,6 @@ def _request(data: str) -> Any:
     return DataRequest(data, d.num_classes, d.synthetic_samples, d.image_size, d.val_fraction, d.seed, d.loader_workers)
 
 
-def kind_of(data: str) -> str:
-    return data.strip().partition(":")[0]
-
-
 def normalize(data: str) -> str:
     """The ``--data`` value a job gets: an image folder as an absolute path (the job runs in its own folder)."""
     text = data.strip()

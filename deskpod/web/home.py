@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -28,10 +28,8 @@ from deskpod.hardware.topology import Topology
 from deskpod.hardware.usage import Usage, UsageSampler
 from deskpod.web import render
 from deskpod.web.app import Web
-from deskpod.web.session import ROOT, Viewer, viewer
+from deskpod.web.session import ROOT, Signed, Viewer
 from deskpod.web.topology_svg import link_counts, nearest_devices, nic_groups, nvlink_total, render_svg
-
-Signed = Annotated[Viewer, Depends(viewer)]
 
 POLL_MS = 2000
 """How often the page asks for new figures."""
@@ -132,6 +130,10 @@ def counts(status: dict[str, Any], devices: list[DeviceRow]) -> Counts:
     return Counts(status["queued"], status["running"], len(devices), free)
 
 
+DEVICE_KEYS = ("index", "label", "model", "memory_gb", "numa_node", "cpu_affinity", "nvlinks", "nearest_nics")
+"""What the facts table shows of each device (`describe`'s rows without the pair matrix)."""
+
+
 def topology_summary(web: Web, topology: Topology) -> dict[str, Any]:
     """The facts table's data (``describe`` without the pair matrix), computed once per topology."""
     hit = web.cache.get(SUMMARY)
@@ -168,22 +170,7 @@ def topology_summary(web: Web, topology: Topology) -> dict[str, Any]:
         "nvlink_cliques": info["nvlink_cliques"],
         "nics": nics,
         "far_nics": [nic.name for nic in far],
-        "devices": [
-            {
-                k: d[k]
-                for k in (
-                    "index",
-                    "label",
-                    "model",
-                    "memory_gb",
-                    "numa_node",
-                    "cpu_affinity",
-                    "nvlinks",
-                    "nearest_nics",
-                )
-            }
-            for d in info["devices"]
-        ],
+        "devices": [{k: d[k] for k in DEVICE_KEYS} for d in info["devices"]],
         "partitions": info["partitions"],
         "placements": info["placements"],
     }

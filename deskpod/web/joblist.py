@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -37,7 +37,7 @@ from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import render
 from deskpod.web.app import Web
-from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
+from deskpod.web.session import ROOT, Signed, Viewer, form_csrf, safe_next
 
 PAGE_SIZE = 50
 MAX_PAGE = 500
@@ -46,8 +46,6 @@ BULK_ACTIONS = ("cancel", "requeue")
 SPARK_POINTS = 40
 FORECAST_MAX_AGE_S = 1.0
 """A forecast is reused while the store is unchanged, and at most this long while it changes."""
-
-Signed = Annotated[Viewer, Depends(viewer)]
 
 
 def forecast(web: Web) -> Forecast:
@@ -108,13 +106,13 @@ def _total_steps(web: Web, launch: Path) -> int | None:
 def job_row(web: Web, job: JobRecord, fc: Forecast | None) -> dict[str, Any]:
     """One job as the Jobs page (and its JSON twin) shows it."""
     row = job.to_json()
-    queued = job.state is JobState.QUEUED and fc is not None
-    row["position"] = fc.position.get(job.id) if queued and fc is not None else None
-    row["estimated_start"] = fc.start.get(job.id) if queued and fc is not None else None
-    row["estimated"] = queued and fc is not None and job.id in fc.start  # False beyond the forecast's horizon
+    queued = fc if job.state is JobState.QUEUED else None
+    row["position"] = queued.position.get(job.id) if queued is not None else None
+    row["estimated_start"] = queued.start.get(job.id) if queued is not None else None
+    row["estimated"] = queued is not None and job.id in queued.start  # False beyond the forecast's horizon
     row["estimate_note"] = (
-        f"no estimated start: only the first {fc.horizon} jobs of the queue are played forward"
-        if queued and fc is not None and fc.horizon and job.id not in fc.start
+        f"no estimated start: only the first {queued.horizon} jobs of the queue are played forward"
+        if queued is not None and queued.horizon and job.id not in queued.start
         else ""
     )
     row["progress"] = progress(web, job) if job.state.active else None

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deskpod.envs.userfiles import stat_path
@@ -35,10 +35,8 @@ from deskpod.web.failures import failure
 from deskpod.web.joblist import Progress, progress
 from deskpod.web.runinfo import Checkpoint, RunConfig, checkpoints, read_summary, resolved_config
 from deskpod.web.series import KINDS
-from deskpod.web.session import ROOT, SignedIn, Viewer, form_csrf, viewer
+from deskpod.web.session import ROOT, Signed, SignedIn, Viewer, form_csrf
 from deskpod.web.terminal import TENSORBOARD_PORT, deskpod_line, event_folder, tensorboard_line
-
-Signed = Annotated[Viewer, Depends(viewer)]
 
 
 @dataclass

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -48,12 +48,10 @@ from deskpod.jobs.kinds.train import FLAGS, float_text
 from deskpod.jobs.store import JobRecord
 from deskpod.web import datasets, networks, render
 from deskpod.web.app import Web
-from deskpod.web.session import ROOT, Viewer, form_csrf, safe_next, viewer
+from deskpod.web.session import ROOT, Signed, Viewer, form_csrf, safe_next
 from deskpod.web.terminal import deskpod_line
 
 T = TypeVar("T")
-
-Signed = Annotated[Viewer, Depends(viewer)]
 
 TRAIN_FIELDS = ("devices", "epochs", "steps", "batch_size", "precision", "optimizer", "lr", "name")
 STATE = ("data", "model", *TRAIN_FIELDS)
@@ -171,16 +169,11 @@ def job_spec(state: Mapping[str, str], values: Mapping[str, Any]) -> dict[str, A
         train["steps"] = values["steps"]
     else:
         train["epochs"] = values["epochs"]
-    for key in FLAGS:
-        if values[key] != _typed_default(key):
-            train[key] = values[key]
-    return train_kind.spec(train, devices=values["devices"], name=values["name"] or None)
-
-
-def _typed_default(key: str) -> Any:
     from deskpod.train.config import TrainConfig
 
-    return getattr(TrainConfig(), key)
+    d = TrainConfig()
+    train.update({key: values[key] for key in FLAGS if values[key] != getattr(d, key)})
+    return train_kind.spec(train, devices=values["devices"], name=values["name"] or None)
 
 
 def cli_line(spec: Mapping[str, Any]) -> str:
@@ -413,8 +406,8 @@ def prediction(web: Web, info: Mapping[str, Any], summary: Mapping[str, Any], va
     )  # fmt: skip
     out.rows = [
         ["Time to train", render.duration(plan.time_to_train_s)],
-        ["Images/s", _figure(plan.images_per_s)],
-        ["Step time", f"{_figure(plan.step_s * 1e3)} ms"],
+        ["Images/s", render.number(plan.images_per_s)],
+        ["Step time", f"{render.number(plan.step_s * 1e3)} ms"],
     ]
     where = f"machine {machine} (the pod runs as it)" if machine else f"this box as calibrated on {cal.when}"
     out.message = (
@@ -423,11 +416,6 @@ def prediction(web: Web, info: Mapping[str, Any], summary: Mapping[str, Any], va
         "and loading the data come on top."
     )
     return out
-
-
-def _figure(x: float) -> str:
-    """A rate or a time to read at a glance: whole units from 100 on (``6,870``), three digits below (``37.3``)."""
-    return f"{round(x):,}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 # --------------------------------------------------------------------------- the view

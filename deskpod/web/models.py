@@ -41,12 +41,12 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
@@ -64,9 +64,7 @@ from deskpod.web.app import Web
 from deskpod.web.failures import failure
 from deskpod.web.images import data_url, decode_image, test_sample, to_input
 from deskpod.web.runinfo import has_checkpoint
-from deskpod.web.session import ROOT, Viewer, form_csrf, viewer
-
-Signed = Annotated[Viewer, Depends(viewer)]
+from deskpod.web.session import ROOT, Signed, Viewer, form_csrf
 
 SCAN_RUNS = 500
 """How many of the newest training jobs are looked through for runs to deploy (those with a checkpoint)."""

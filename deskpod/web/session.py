@@ -18,9 +18,10 @@ import math
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Annotated
 from urllib.parse import quote, urlsplit
 
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -75,6 +76,10 @@ async def viewer(request: Request) -> Viewer:
     if known is not None:
         return known
     return await run_in_threadpool(_look_up, request)
+
+
+Signed = Annotated[Viewer, Depends(viewer)]
+"""A route parameter that is the signed-in viewer (`viewer`)."""
 
 
 def _remembered(request: Request) -> Viewer | None:

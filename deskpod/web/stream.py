@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -239,12 +238,6 @@ class Cursor:
         return cls(nums[0], dict(zip(KINDS, nums[1:-1], strict=True)), nums[-1])
 
 
-def _stat(path: Path) -> os.stat_result | None:
-    """A file of the job's folder, as `deskpod.envs.userfiles.open_path` reaches it (no link followed, no FIFO
-    waited on); None when it is missing or refused."""
-    return stat_path(path)
-
-
 class Follower:
     """One client's view of one job: what was sent, and what is new since."""
 
@@ -309,7 +302,7 @@ class Follower:
         return [self.event("run", {"html": html})]
 
     async def _metrics(self, path: Path) -> list[str]:
-        st = _stat(path)
+        st = stat_path(path)  # no link the job's user planted is followed, no FIFO waited on
         sig = None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
         if sig == self._metrics_sig:
             return []
@@ -339,7 +332,7 @@ class Follower:
         return [self.event(name, data)] if reset or data["series"] else []
 
     async def _log(self) -> list[str]:
-        st = _stat(self.log)
+        st = stat_path(self.log)
         size = 0 if st is None else st.st_size
         c = self.cursor
         if c.log < 0 or size < c.log or size - c.log > LOG_MAX_BEHIND:
@@ -435,7 +428,7 @@ class Watch:
             now = time.monotonic()
             if self.run is not None and now - run_checked >= RUN_CHECK_S:
                 run_checked, run_sig = now, runinfo.signature(self.run)
-            stats = tuple((st.st_ino, st.st_size, st.st_mtime_ns) if (st := _stat(p)) else None for p in self.files)
+            stats = tuple((st.st_ino, st.st_size, st.st_mtime_ns) if (st := stat_path(p)) else None for p in self.files)
             sig = (self.web.store.touched(self.job_id), self.web.store.revocations, stats, run_sig)
             if sig != last:
                 last = sig
