@@ -35,8 +35,6 @@ from deskpod.files import write_json
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
 
-CAUSES = ("warning", "interrupted", "node", "failure")
-
 
 def budget(spec: JobSpec, cause: str) -> int:
     s = slurm_options(spec)

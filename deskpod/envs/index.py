@@ -32,7 +32,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 KEYS = ("index-url", "extra-index-url", "find-links", "no-index", "trusted-host")
-LIST_KEYS = frozenset({"extra-index-url", "find-links", "trusted-host"})
 TRUE = frozenset({"1", "true", "yes", "on"})
 
 

@@ -105,10 +105,6 @@ class Walls:
                 raise ConfigError(f"device node {name!r} is not a name under /dev; expected one like nvidia0")
 
 
-def _real(path: Path) -> str:
-    return os.path.realpath(path)
-
-
 def _mounts(walls: Walls, env_dir: Path | None, *, open_parents: bool = False) -> list[str]:
     """The hide/show binds, shallow first (a deeper mount lands on top), then the hidden folders made read-only.
 
@@ -120,13 +116,13 @@ def _mounts(walls: Walls, env_dir: Path | None, *, open_parents: bool = False) -
         for p in paths:
             if not os.path.lexists(p):
                 raise RunError(f"cannot sandbox the job: {p} does not exist (it was to be shown {kind[2:]})")
-            shown[_real(p)] = [kind, _real(p)]  # read-write wins over read-only at the same path
+            shown[os.path.realpath(p)] = [kind, os.path.realpath(p)]  # read-write wins over read-only at the same path
     for fd, where, writable in walls.binds:
         shown[os.path.normpath(where)] = ["--bind-fd" if writable else "--ro-bind-fd", str(fd)]
     ops: list[tuple[int, int, str, list[str]]] = []
     hidden_dirs: list[str] = []
     for p in walls.hidden:
-        real = _real(p)
+        real = os.path.realpath(p)
         if real in shown:
             raise ConfigError(f"sandbox path {p} is both hidden and shown; list it in one of the two")
         if real == "/" or not os.path.lexists(real):
@@ -195,7 +191,7 @@ def sandbox_argv(
     if account is not None and not switch_user:
         out += ["--unshare-user", "--uid", str(account.uid), "--gid", str(account.gid)]
     if cwd is not None:
-        out += ["--chdir", _real(cwd)]
+        out += ["--chdir", os.path.realpath(cwd)]
     inner = [env, "--default-signal", "--", *argv]
     if switch_user and account is not None:
         inner = as_account_argv(account, inner, no_new_privs=True)

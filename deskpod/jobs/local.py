@@ -35,6 +35,7 @@ from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord, User
 from deskpod.network import free_port
+from deskpod.processes import alive, start_time
 
 S = JobState
 
@@ -135,7 +136,7 @@ class LocalExecutor:
             pid, started = job.pid, job.pid_start
             if pid is None:
                 pid = sv.shim_of(files.pid_file(job.attempt), files.exit_file(job.attempt))
-                started = sv.start_time(pid) if pid is not None else None
+                started = start_time(pid) if pid is not None else None
             if job.state is S.STARTING and pid is not None:
                 new = S.BUILDING if files.phase(job.attempt) in ("building", "build-failed") else S.RUNNING
                 store.transition(job.id, new, f"pid {pid} (started before the daemon stopped)",
@@ -144,7 +145,7 @@ class LocalExecutor:
             code = sv.read_exit(files.exit_file(job.attempt))
             if code is not None:
                 self._finish(pod, job, code, now)
-            elif pid is not None and sv.alive(pid, started):
+            elif pid is not None and alive(pid, started):
                 store.note(job.id, f"re-adopted pid {pid} after a daemon restart")
             elif job.state is S.STARTING and pid is None:
                 store.transition(job.id, S.QUEUED, "daemon stopped before the job started", assigned="", reason="")

@@ -27,8 +27,7 @@ from typing import IO, Any
 import psutil
 
 from deskpod.envs.userfiles import RefusedFile, check_owned, read_path
-from deskpod.processes import alive as alive
-from deskpod.processes import start_time as start_time
+from deskpod.processes import alive, start_time
 
 SHIM = Path(__file__).with_name("shim.py")
 SHIM_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -171,9 +170,6 @@ class Supervisor:
         if alive(pid, started):
             return False, None
         return True, read_exit(exit_file)
-
-    def owns(self, pid: int) -> bool:
-        return pid in self._children
 
     def release(self) -> None:
         """Forget the children without waiting: they keep running and a later daemon adopts them."""

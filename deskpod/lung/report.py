@@ -113,14 +113,6 @@ class Lesion:
             solid = min(solid, self.lungrads_mean_mm)
         return lungrads.Nodule(self.lungrads_mean_mm, self.kind, solid)  # type: ignore[arg-type]
 
-    def full_mask(self, shape_zyx: tuple[int, int, int]) -> npt.NDArray[np.bool_]:
-        """The mask in the whole scan's shape."""
-        full = np.zeros(shape_zyx, dtype=bool)
-        z, y, x = self.offset_zyx
-        dz, dy, dx = self.mask.shape
-        full[z : z + dz, y : y + dy, x : x + dx] = self.mask
-        return full
-
 
 @dataclass(frozen=True, slots=True)
 class Growth:

@@ -93,10 +93,6 @@ LOCAL_STACK = "local"
 """Machine ``local``'s own stack: its calibration's factors, measured with this box's software."""
 
 
-def stack_names() -> tuple[str, ...]:
-    return (*STACKS, LOCAL_STACK)
-
-
 def find_stack(name: str) -> Stack:
     """The catalog stack called ``name``; `UsageError` listing the valid ones otherwise."""
     key = name.strip().lower()

@@ -186,12 +186,6 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def with_overrides(self, overrides: Mapping[str, Any]) -> TrainConfig:
-        """A copy with ``overrides`` applied (keys checked, values coerced to each field's type)."""
-        values = self.to_dict()
-        values.update(coerce(overrides))
-        return TrainConfig(**values)
-
 
 def config_keys() -> list[str]:
     return [f.name for f in fields(TrainConfig)]

@@ -26,8 +26,8 @@ import psutil
 
 from deskpod.envs.userfiles import read_path, scandir_path
 from deskpod.errors import ConflictError
-from deskpod.jobs import supervisor as sv
 from deskpod.jobs.store import JobRecord
+from deskpod.processes import alive
 
 DUMP_TIMEOUT_S = 10.0
 MAX_TARGETS = 32
@@ -120,7 +120,7 @@ def rank_pids(run_dir: Path | None) -> list[tuple[int, int]]:
 def targets(job: JobRecord, run_dir: Path | None) -> tuple[list[Target], list[str]]:
     """The processes to dump, and notes on pids left out (gone, or not the job's)."""
     leader = job.pid
-    if leader is None or not job.state.active or not sv.alive(leader, job.pid_start):
+    if leader is None or not job.state.active or not alive(leader, job.pid_start):
         raise ConflictError(f"job {job.id} is {job.state.value} and has no running process to look at")
     notes: list[str] = []
     found: list[Target] = []

@@ -159,7 +159,7 @@ def test_daemon_sigkill_restart_readopts_and_loses_nothing(pod_factory: Pods, tm
 
 
 def _alive(pid: int) -> bool:
-    from deskpod.jobs.supervisor import start_time
+    from deskpod.processes import start_time
 
     return start_time(pid) is not None
 

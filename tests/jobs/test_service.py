@@ -278,7 +278,7 @@ def test_a_second_daemon_on_the_same_home_is_refused(shared_pod: Pod) -> None:
 
 def test_nothing_of_an_ended_job_outlives_it(shared_pod: Pod) -> None:
     """A background child left behind by a job that exited is killed with the job's process group."""
-    from deskpod.jobs.supervisor import start_time
+    from deskpod.processes import start_time
 
     c = shared_pod.client()
     job = c.submit({"name": "leaver", "command": ["sh", "-c", "sleep 300 & echo bg $!"]})

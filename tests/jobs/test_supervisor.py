@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from deskpod.jobs.supervisor import SHIM_ENV, Attempt, Supervisor, alive, signal_group, start_time
+from deskpod.jobs.supervisor import SHIM_ENV, Attempt, Supervisor, signal_group
+from deskpod.processes import alive, start_time
 
 
 def test_a_reused_pid_is_not_the_job(tmp_path: Path) -> None:

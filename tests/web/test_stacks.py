@@ -18,7 +18,7 @@ from deskpod.errors import ConflictError
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
-from deskpod.jobs.supervisor import start_time
+from deskpod.processes import start_time
 from deskpod.web import stacks
 
 # A "job": a session leader (like the shim) with one child in the same group and one rank-like child in a
