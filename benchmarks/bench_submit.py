@@ -40,7 +40,7 @@ from typing import Any
 from docs_section import replace_subsection
 
 from deskpod.jobs.client import PodClient
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 
 INTRO = "The pod service (`deskpod/jobs/`): scheduler and submission figures."
 SECTION = "## Pod service"

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 
 SCRIPT = """
 import sys, torch, torch.distributed as dist

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TRITON_HOME = Path("/tmp/deskpod-triton")

@@ -229,7 +229,7 @@ def _detach(args: argparse.Namespace, home: Path) -> int:
 
 def _disk(text: str) -> int | Literal["default"] | None:
     """``--job-disk``: ``default`` (decided by the daemon), ``none``, or a size like ``200G``."""
-    from deskpod.sizes import parse_size
+    from deskpod.environment.sizes import parse_size
 
     word = text.strip().lower()
     if word in ("default", "none"):
@@ -304,7 +304,7 @@ def _size(text: str | None) -> int | None:
     """``50G``, ``500M``: bytes; None for None."""
     if text is None:
         return None
-    from deskpod.sizes import parse_size
+    from deskpod.environment.sizes import parse_size
 
     return parse_size(text)
 

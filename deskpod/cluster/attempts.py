@@ -31,7 +31,7 @@ from typing import Any
 
 from deskpod.cluster import slurm
 from deskpod.cluster.batch import REQUEUE_EXIT_CODE, JobFiles, read_attempts, slurm_options
-from deskpod.files import write_json
+from deskpod.environment.files import write_json
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
 

@@ -20,7 +20,7 @@ from deskpod.cluster import slurm
 from deskpod.cluster.batch import JobFiles, read_attempts, submit
 from deskpod.environment import Environment
 from deskpod.errors import NotFoundError
-from deskpod.files import write_json
+from deskpod.environment.files import write_json
 from deskpod.jobs.joblog import read_log
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.states import FINAL, JobState

@@ -63,9 +63,9 @@ from typing import Any
 
 from deskpod.environment import Environment
 from deskpod.errors import ConfigError, DataError, RunError
-from deskpod.files import write_json
+from deskpod.environment.files import write_json
 from deskpod.processes import alive, start_time
-from deskpod.sizes import format_bytes
+from deskpod.environment.sizes import format_bytes
 
 FORMAT = 1
 ALGORITHM = "sha256"

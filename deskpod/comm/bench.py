@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from deskpod.comm.collectives import COLLECTIVES, CollectiveName, bus_factor, element_count
 from deskpod.errors import RunError, UsageError
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 from deskpod.processes import stop_processes
 
 Backend = Literal["auto", "gloo", "nccl"]

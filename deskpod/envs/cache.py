@@ -71,8 +71,8 @@ from deskpod.envs.index import PackageSources, package_sources
 from deskpod.envs.python import Interpreter, resolve_python
 from deskpod.envs.userfiles import RefusedFile, check_owned, open_beneath, read_beneath, scandir_beneath, stat_beneath
 from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, RunError, UsageError
-from deskpod.files import write_text
-from deskpod.sizes import UNITS
+from deskpod.environment.files import write_text
+from deskpod.environment.sizes import UNITS
 
 KEY_DIR_CHARS = 20
 KEY_DIR_RE = re.compile(f"^[0-9a-f]{{{KEY_DIR_CHARS}}}$")

@@ -89,7 +89,7 @@ from typing import Literal
 from deskpod.envs.limits import Limits
 from deskpod.errors import ConfigError, ConflictError, RunError
 from deskpod.hardware.affinity import NODE_DIR, format_cpu_list, parse_cpu_list
-from deskpod.sizes import format_bytes
+from deskpod.environment.sizes import format_bytes
 
 CONTROLLERS = ("cpuset", "memory", "pids")
 """The controllers a pod's job groups use."""

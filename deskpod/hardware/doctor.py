@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from deskpod.errors import RunError
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 from deskpod.processes import stop_processes
 
 Status = Literal["pass", "warn", "fail", "skip"]

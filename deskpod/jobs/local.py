@@ -34,7 +34,7 @@ from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord, User
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 from deskpod.processes import alive, start_time
 
 S = JobState

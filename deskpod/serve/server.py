@@ -36,7 +36,7 @@ import numpy as np
 
 from deskpod import __version__
 from deskpod.errors import DeskpodError, NotFoundError, TooLargeError, UsageError
-from deskpod.files import write_json
+from deskpod.environment.files import write_json
 from deskpod.serve.batcher import ModelUnavailable, Overloaded, RequestTimeout
 from deskpod.serve.images import (
     RAW_IMAGE_TOP_K,

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from deskpod import files
+from deskpod.environment import files
 from deskpod.errors import CheckpointError, UsageError
 from deskpod.train.runs import checkpoint_dir, has_checkpoint, list_checkpoints
 

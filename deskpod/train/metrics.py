@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deskpod.files import write_text
+from deskpod.environment.files import write_text
 from deskpod.train.runs import read_metrics
 
 

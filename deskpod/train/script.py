@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 from deskpod.environment import Environment
 from deskpod.errors import ConfigError, UsageError, WorkerError
-from deskpod.files import write_json
+from deskpod.environment.files import write_json
 from deskpod.hardware.devices import Device, Inventory
 from deskpod.train.launcher import (
     environment,

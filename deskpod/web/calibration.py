@@ -21,7 +21,7 @@ from typing import Any
 
 from deskpod.envs.userfiles import read_beneath
 from deskpod.errors import DeskpodError
-from deskpod.files import write_json
+from deskpod.environment.files import write_json
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.web.app import Web

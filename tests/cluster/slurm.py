@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 
 HOSTS = Path("/etc/hosts")
 NODES = ("node1", "node2")

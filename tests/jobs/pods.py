@@ -22,7 +22,7 @@ from typing import Any
 from deskpod.envs.accounts import Account, drop_privileges
 from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError, NotFoundError
 from deskpod.jobs.client import PodClient
-from deskpod.network import free_port
+from deskpod.environment.network import free_port
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deskpod.errors import ConflictError, UsageError
-from deskpod.files import write_json
+from deskpod.environment.files import write_json
 from deskpod.jobs.kinds.fields import bad, flag, integer, table
 from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 

@@ -1,4 +1,6 @@
-"""The environment variables deskpod reads, read in this one place and turned into typed values."""
+"""What a deskpod process finds around it, on the ground floor: the environment variables it reads (here, read in
+this one place and turned into typed values), the file system (`files`: atomic writes), the loopback network
+(`network`: free ports) and sizes as flags and limits write them (`sizes`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`deskpod.files`: a file is replaced whole or not at all, with the mode asked for from its first byte."""
+"""`deskpod.environment.files`: a file is replaced whole or not at all, with the mode asked for from its first byte."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from deskpod.files import leftovers, replacing, write_bytes, write_json, write_text
+from deskpod.environment.files import leftovers, replacing, write_bytes, write_json, write_text
 from deskpod.processes import start_time
 
 
@@ -77,7 +77,7 @@ def test_a_link_at_the_target_is_replaced_never_written_through(tmp_path: Path) 
 WRITER = """
 import sys
 from pathlib import Path
-from deskpod.files import replacing
+from deskpod.environment.files import replacing
 with replacing(Path(sys.argv[1])) as f:
     f.write(b"partial")
     f.flush()

@@ -1,10 +1,10 @@
-"""`deskpod.network.free_port`: a port a server can bind next."""
+"""`deskpod.environment.network.free_port`: a port a server can bind next."""
 
 from __future__ import annotations
 
 import socket
 
-from deskpod.network import LOOPBACK, free_port
+from deskpod.environment.network import LOOPBACK, free_port
 
 
 def test_the_free_port_binds() -> None:

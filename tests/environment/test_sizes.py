@@ -1,11 +1,11 @@
-"""`deskpod.sizes.parse_size`: the one reader of ``20G`` and ``512M`` (the env cache, job limits, bench comm)."""
+"""`deskpod.environment.sizes.parse_size`: the one reader of ``20G`` and ``512M`` (the env cache, job limits, bench comm)."""
 
 from __future__ import annotations
 
 import pytest
 
 from deskpod.errors import ConfigError
-from deskpod.sizes import parse_size
+from deskpod.environment.sizes import parse_size
 
 
 @pytest.mark.parametrize(
