@@ -39,8 +39,8 @@ from typing import Any
 
 from docs_section import replace_subsection
 
-from deskpod.jobs.client import PodClient
 from deskpod.environment.network import free_port
+from deskpod.jobs.client import PodClient
 
 INTRO = "The pod service (`deskpod/jobs/`): scheduler and submission figures."
 SECTION = "## Pod service"

@@ -30,8 +30,8 @@ def register_bench(bench_sub: argparse._SubParsersAction) -> None:  # type: igno
 def run_bench_comm(args: argparse.Namespace) -> int:
     from deskpod.comm.bench import CommBenchConfig, format_table, run_comm_bench
     from deskpod.comm.collectives import parse_collectives
-    from deskpod.errors import RunError
     from deskpod.environment.sizes import parse_size
+    from deskpod.errors import RunError
 
     config = CommBenchConfig(
         collectives=parse_collectives(args.collectives), min_bytes=parse_size(args.min_bytes, "--min-bytes"),

@@ -178,8 +178,8 @@ def run_remove(args: argparse.Namespace) -> int:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from deskpod.envs.cache import format_size
     from deskpod.environment.sizes import parse_size
+    from deskpod.envs.cache import format_size
 
     limit = parse_size(args.max_size, "--max-size")
     cache = _cache(args)

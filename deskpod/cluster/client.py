@@ -19,8 +19,8 @@ from typing import Any
 from deskpod.cluster import slurm
 from deskpod.cluster.batch import JobFiles, read_attempts, submit
 from deskpod.environment import Environment
-from deskpod.errors import NotFoundError
 from deskpod.environment.files import write_json
+from deskpod.errors import NotFoundError
 from deskpod.jobs.joblog import read_log
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.states import FINAL, JobState

@@ -62,10 +62,10 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import ConfigError, DataError, RunError
 from deskpod.environment.files import write_json
-from deskpod.processes import alive, start_time
 from deskpod.environment.sizes import format_bytes
+from deskpod.errors import ConfigError, DataError, RunError
+from deskpod.processes import alive, start_time
 
 FORMAT = 1
 ALGORITHM = "sha256"

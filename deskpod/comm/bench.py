@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from deskpod.comm.collectives import COLLECTIVES, CollectiveName, bus_factor, element_count
-from deskpod.errors import RunError, UsageError
 from deskpod.environment.network import free_port
+from deskpod.errors import RunError, UsageError
 from deskpod.processes import stop_processes
 
 Backend = Literal["auto", "gloo", "nccl"]

@@ -66,13 +66,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from deskpod.environment import Environment
+from deskpod.environment.files import write_text
+from deskpod.environment.sizes import UNITS
 from deskpod.envs.definition import EnvDefinition, parse_environment
 from deskpod.envs.index import PackageSources, package_sources
 from deskpod.envs.python import Interpreter, resolve_python
 from deskpod.envs.userfiles import RefusedFile, check_owned, open_beneath, read_beneath, scandir_beneath, stat_beneath
 from deskpod.errors import ConfigError, ConflictError, DeskpodError, NotFoundError, RunError, UsageError
-from deskpod.environment.files import write_text
-from deskpod.environment.sizes import UNITS
 
 KEY_DIR_CHARS = 20
 KEY_DIR_RE = re.compile(f"^[0-9a-f]{{{KEY_DIR_CHARS}}}$")

@@ -86,10 +86,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from deskpod.environment.sizes import format_bytes
 from deskpod.envs.limits import Limits
 from deskpod.errors import ConfigError, ConflictError, RunError
 from deskpod.hardware.affinity import NODE_DIR, format_cpu_list, parse_cpu_list
-from deskpod.environment.sizes import format_bytes
 
 CONTROLLERS = ("cpuset", "memory", "pids")
 """The controllers a pod's job groups use."""

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeGuard
 
+from deskpod.environment.sizes import format_bytes, parse_size
 from deskpod.errors import ConfigError
 from deskpod.hardware.affinity import format_cpu_list, parse_cpu_list
 from deskpod.hardware.devices import DeviceKind
 from deskpod.hardware.topology import Topology
-from deskpod.environment.sizes import format_bytes, parse_size
 
 MIN_MEMORY = 16 * 2**20
 """The smallest memory limit: the job's shim is a Python interpreter of about 10 MiB, so less kills it first."""

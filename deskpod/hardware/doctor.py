@@ -24,8 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from deskpod.errors import RunError
 from deskpod.environment.network import free_port
+from deskpod.errors import RunError
 from deskpod.processes import stop_processes
 
 Status = Literal["pass", "warn", "fail", "skip"]

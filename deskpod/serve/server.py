@@ -35,8 +35,8 @@ from urllib.parse import unquote
 import numpy as np
 
 from deskpod import __version__
-from deskpod.errors import DeskpodError, NotFoundError, TooLargeError, UsageError
 from deskpod.environment.files import write_json
+from deskpod.errors import DeskpodError, NotFoundError, TooLargeError, UsageError
 from deskpod.serve.batcher import ModelUnavailable, Overloaded, RequestTimeout
 from deskpod.serve.images import (
     RAW_IMAGE_TOP_K,

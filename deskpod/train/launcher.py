@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.environment import Environment
-from deskpod.errors import CheckpointError, ConfigError, DataError, DeskpodError, UsageError, WorkerError
 from deskpod.environment.files import write_json, write_text
+from deskpod.errors import CheckpointError, ConfigError, DataError, DeskpodError, UsageError, WorkerError
 from deskpod.hardware.affinity import format_cpu_list, numa_nodes
 from deskpod.hardware.devices import Device, Inventory, cpu_inventory, cpu_layout, cpu_slots, discover
 from deskpod.processes import child_pids

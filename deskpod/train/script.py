@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from deskpod.environment import Environment
-from deskpod.errors import ConfigError, UsageError, WorkerError
 from deskpod.environment.files import write_json
+from deskpod.errors import ConfigError, UsageError, WorkerError
 from deskpod.hardware.devices import Device, Inventory
 from deskpod.train.launcher import (
     environment,

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from deskpod.errors import UsageError
 from deskpod.environment.files import write_json
+from deskpod.errors import UsageError
 from deskpod.hardware.affinity import pin_rank
 from deskpod.processes import die_with_parent, exit_without_finalizing
 from deskpod.train.runs import RunPaths, read_json

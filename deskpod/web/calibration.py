@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from deskpod.environment.files import write_json
 from deskpod.envs.userfiles import read_beneath
 from deskpod.errors import DeskpodError
-from deskpod.environment.files import write_json
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.web.app import Web

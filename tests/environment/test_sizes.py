@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from deskpod.errors import ConfigError
 from deskpod.environment.sizes import parse_size
+from deskpod.errors import ConfigError
 
 
 @pytest.mark.parametrize(

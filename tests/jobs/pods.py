@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deskpod.environment.network import free_port
 from deskpod.envs.accounts import Account, drop_privileges
 from deskpod.errors import AccessError, AuthError, ConfigError, ConflictError, NotFoundError
 from deskpod.jobs.client import PodClient
-from deskpod.environment.network import free_port
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deskpod.errors import ConflictError, UsageError
 from deskpod.environment.files import write_json
+from deskpod.errors import ConflictError, UsageError
 from deskpod.jobs.kinds.fields import bad, flag, integer, table
 from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 
