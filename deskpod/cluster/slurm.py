@@ -17,7 +17,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from deskpod.errors import DeskpodError, UsageError
@@ -186,13 +186,10 @@ class SlurmJob:
         return f"Slurm {self.state}{why}: {meaning}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "slurm_id": self.job_id, "name": self.name, "slurm_state": self.state,
-            "state": self.deskpod_state.value, "reason": self.reason, "restarts": self.restarts,
-            "exit_code": self.exit_code, "signal": self.signal, "nodes": self.nodes, "stdout": self.stdout,
-            "comment": self.comment, "user": self.user, "submit_time": self.submit_time,
-            "start_time": self.start_time, "end_time": self.end_time,
-        }  # fmt: skip
+        """Every field, the job id and Slurm's state named ``slurm_id`` and ``slurm_state``, beside deskpod's."""
+        doc = asdict(self)
+        ids = {"slurm_id": doc.pop("job_id"), "slurm_state": doc.pop("state")}
+        return ids | {"state": self.deskpod_state.value} | doc
 
 
 def _clean(value: str | None) -> str:

@@ -92,15 +92,18 @@ class NvmlQuery:
         return self._nvml.nvmlDeviceGetHandleByIndex(i)
 
     def name(self, i: int) -> str:
-        raw = self._nvml.nvmlDeviceGetName(self._handle(i))
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return nvml_text(self._nvml.nvmlDeviceGetName(self._handle(i)))
 
     def memory_bytes(self, i: int) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle(i)).total)
 
     def uuid(self, i: int) -> str:
-        raw = self._nvml.nvmlDeviceGetUUID(self._handle(i))
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return nvml_text(self._nvml.nvmlDeviceGetUUID(self._handle(i)))
+
+
+def nvml_text(raw: object) -> str:
+    """An NVML string: bytes from older ``nvidia-ml-py`` releases, str from newer ones."""
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def _open_nvml() -> GpuQuery | None:

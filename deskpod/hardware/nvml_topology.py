@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from deskpod.hardware.affinity import format_cpu_list
+from deskpod.hardware.devices import GpuQuery, NvmlQuery, nvml_text
 from deskpod.hardware.topology import (
     GPU_LINK_MODELS,
     DeviceInfo,
@@ -34,14 +36,10 @@ from deskpod.hardware.topology import (
 ANCESTOR_PATH = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 
 
-class TopologyQuery(Protocol):
-    """The NVML facts a topology needs."""
+class TopologyQuery(GpuQuery, Protocol):
+    """The NVML facts a topology needs: `GpuQuery`'s, and the links between the GPUs."""
 
-    def count(self) -> int: ...
-    def name(self, i: int) -> str: ...
-    def memory_bytes(self, i: int) -> int: ...
     def bus_id(self, i: int) -> str: ...
-    def uuid(self, i: int) -> str: ...
     def compute_capability(self, i: int) -> str: ...
     def nvlink_remotes(self, i: int) -> list[str]:
         """PCI bus id at the far end of each *active* NVLink of GPU ``i`` (one entry per link)."""
@@ -61,79 +59,40 @@ def _norm_bus(bus: str) -> str:
     return b[-12:] if len(b) >= 12 else b
 
 
-def _ranges(cpus: Sequence[int]) -> str:
-    out: list[str] = []
-    start = prev = None
-    for c in sorted(cpus):
-        if start is None:
-            start = prev = c
-        elif prev is not None and c == prev + 1:
-            prev = c
-        else:
-            out.append(f"{start}-{prev}" if start != prev else str(start))
-            start = prev = c
-    if start is not None:
-        out.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(out)
-
-
-class NvmlTopologyQuery:
+class NvmlTopologyQuery(NvmlQuery):
     """`TopologyQuery` over the real NVML."""
 
-    def __init__(self) -> None:
-        import pynvml
-
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-
-    @staticmethod
-    def _text(raw: object) -> str:
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-    def count(self) -> int:
-        return len(self._handles)
-
-    def name(self, i: int) -> str:
-        return self._text(self._nvml.nvmlDeviceGetName(self._handles[i]))
-
-    def memory_bytes(self, i: int) -> int:
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handles[i]).total)
-
     def bus_id(self, i: int) -> str:
-        return self._text(self._nvml.nvmlDeviceGetPciInfo(self._handles[i]).busId)
-
-    def uuid(self, i: int) -> str:
-        return self._text(self._nvml.nvmlDeviceGetUUID(self._handles[i]))
+        return nvml_text(self._nvml.nvmlDeviceGetPciInfo(self._handle(i)).busId)
 
     def compute_capability(self, i: int) -> str:
-        major, minor = self._nvml.nvmlDeviceGetCudaComputeCapability(self._handles[i])
+        major, minor = self._nvml.nvmlDeviceGetCudaComputeCapability(self._handle(i))
         return f"{major}.{minor}"
 
     def nvlink_remotes(self, i: int) -> list[str]:
         out = []
         for link in range(self._nvml.NVML_NVLINK_MAX_LINKS):
             try:
-                if self._nvml.nvmlDeviceGetNvLinkState(self._handles[i], link) != self._nvml.NVML_FEATURE_ENABLED:
+                if self._nvml.nvmlDeviceGetNvLinkState(self._handle(i), link) != self._nvml.NVML_FEATURE_ENABLED:
                     continue
-                out.append(self._text(self._nvml.nvmlDeviceGetNvLinkRemotePciInfo(self._handles[i], link).busId))
+                out.append(nvml_text(self._nvml.nvmlDeviceGetNvLinkRemotePciInfo(self._handle(i), link).busId))
             except self._nvml.NVMLError:
                 continue  # link absent or not supported on this GPU
         return out
 
     def common_ancestor(self, i: int, j: int) -> int:
-        return int(self._nvml.nvmlDeviceGetTopologyCommonAncestor(self._handles[i], self._handles[j]))
+        return int(self._nvml.nvmlDeviceGetTopologyCommonAncestor(self._handle(i), self._handle(j)))
 
     def cpu_affinity(self, i: int) -> str:
         import os
 
         words = (os.cpu_count() or 64) // 64 + 1
         try:
-            mask = self._nvml.nvmlDeviceGetCpuAffinity(self._handles[i], words)
+            mask = self._nvml.nvmlDeviceGetCpuAffinity(self._handle(i), words)
         except self._nvml.NVMLError:
             return ""
         cpus = [w * 64 + b for w, word in enumerate(mask) for b in range(64) if int(word) >> b & 1]
-        return _ranges(cpus)
+        return format_cpu_list(cpus)
 
     def numa_node(self, i: int) -> int | None:
         path = Path("/sys/bus/pci/devices") / self.bus_id(i).lower()[-12:] / "numa_node"

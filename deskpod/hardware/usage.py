@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from deskpod.environment import Environment
-from deskpod.hardware.devices import visible_gpus
+from deskpod.hardware.devices import nvml_text, visible_gpus
 
 MAX_AGE_S = 1.0
 """How long one sample answers every reader."""
@@ -128,10 +128,6 @@ class GpuUsageQuery(Protocol):
     def gpus(self) -> tuple[GpuUse, ...]: ...
 
 
-def _text(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
 class NvmlUsage:
     """`GpuUsageQuery` over NVML: ``nvml`` is the ``pynvml`` module (or one shaped like it, in tests)."""
 
@@ -145,10 +141,10 @@ class NvmlUsage:
         self._error: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         count = int(nvml.nvmlDeviceGetCount())
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+        uuids = [nvml_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
         cvd = None if visible is None else tuple(visible)
         self._handles = [handles[p] for p in visible_gpus(count, uuids, cvd)]
-        self._names = [_text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
+        self._names = [nvml_text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
 
     def gpus(self) -> tuple[GpuUse, ...]:
         out = []

@@ -4,7 +4,7 @@ It runs in the same process and on the same event loop as the HTTP server and sh
 protocol with it: the registry, the batcher, the statistics. An infer request goes through the same three
 steps as an HTTP one — `admit` (the model, its version, a full queue refused before decoding), `check_inputs`
 and `submit` (in server.py; an image model's JPEG/PNG input is decoded by images.py in between, then queued by
-`submit_decoded`) — so both protocols answer the same numbers and the same errors: a failed request ends with
+`submit` too) — so both protocols answer the same numbers and the same errors: a failed request ends with
 the gRPC code of the HTTP status the same error gets, and the same message text::
 
     HTTP 400 -> INVALID_ARGUMENT   404 -> NOT_FOUND        413 -> RESOURCE_EXHAUSTED
@@ -50,7 +50,7 @@ from deskpod.serve.batcher import ModelUnavailable
 from deskpod.serve.images import classify, decode_inputs, decoder_pool, preprocess_of
 from deskpod.serve.protocol import DATATYPES, DTYPES, InferRequest, ProtocolError, _bytes_tensor, _raw, datatype_of
 from deskpod.serve.registry import ModelNotFound
-from deskpod.serve.server import EXTENSIONS, App, admit, check_inputs, metadata, status_of, submit, submit_decoded
+from deskpod.serve.server import EXTENSIONS, App, admit, check_inputs, metadata, status_of, submit
 
 log = logging.getLogger("deskpod.serve")
 SERVICE = "inference.GRPCInferenceService"
@@ -236,7 +236,7 @@ class GrpcService:
         assert pre is not None
         check_inputs(lv.config, req)
         inputs = await asyncio.get_running_loop().run_in_executor(decoder_pool(), decode_inputs, req.inputs, pre)
-        return submit_decoded(lv, req, inputs, t0)
+        return submit(lv, req, inputs, t0)
 
     @staticmethod
     def _finish(lv: Any, req: InferRequest, classes: dict[str, int], t0: float, fut: asyncio.Future[Any]) -> Any:

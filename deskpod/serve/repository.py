@@ -47,6 +47,9 @@ from deskpod.serve.protocol import DATATYPES
 PLATFORMS = {"onnxruntime": "model.onnx", "torch": "model.pt"}
 INSTANCE_KINDS = ("auto", "cpu", "gpu")
 VERSION_POLICIES = ("latest", "all", "specific")
+ALWAYS_WRITTEN = ("platform", "max_batch_size", "max_queue_delay_us", "max_queue_size", "instances", "threads",
+                  "timeout_ms", "versions", "warmup")  # fmt: skip
+"""The `ModelConfig` settings a written ``config.toml`` always states, even at their defaults."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,24 +178,12 @@ class ModelConfig:
             raise ConfigError(f"model {name!r}: bad config value ({e})") from None
 
     def to_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "platform": self.platform,
-            "max_batch_size": self.max_batch_size,
-            "max_queue_delay_us": self.max_queue_delay_us,
-            "max_queue_size": self.max_queue_size,
-            "instances": self.instances,
-            "threads": self.threads,
-            "timeout_ms": self.timeout_ms,
-            "versions": self.versions,
-            "warmup": self.warmup,
-        }
-        for k in ("labels", "mean", "std", "specific_versions", "preferred_batch_sizes", "gpus"):
-            if getattr(self, k):
-                doc[k] = list(getattr(self, k))
-        defaults: dict[str, Any] = {"num_versions": 1, "dynamic_batching": True, "instance_kind": "auto"}
-        for k, default in (defaults | {"model_filename": "", "preprocess": None}).items():
-            if getattr(self, k) != default:
-                doc[k] = getattr(self, k)
+        """The ``config.toml`` table: the settings of `ALWAYS_WRITTEN`, and every other one off its default."""
+        doc: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("name", "inputs", "outputs") and (f.name in ALWAYS_WRITTEN or value != f.default):
+                doc[f.name] = list(value) if isinstance(value, tuple) else value
         doc["input"] = [t.as_dict() for t in self.inputs]
         doc["output"] = [t.as_dict() for t in self.outputs]
         return doc

@@ -160,30 +160,22 @@ def admit(registry: ModelRegistry, name: str, version: str | None) -> LoadedVers
     return lv
 
 
-def submit(lv: LoadedVersion, req: InferRequest) -> asyncio.Future[dict[str, np.ndarray]]:
-    """Check a decoded request against the model and queue it with its timeout (the request's, else the model's);
-    the future resolves to its outputs. The one path of both protocols (HTTP and gRPC) into the batcher."""
-    check_inputs(lv.config, req)
-    timeout_us = req.timeout_us
-    timeout = timeout_us / 1e6 if timeout_us else (lv.config.timeout_ms / 1000 or None)
-    try:
-        return lv.batcher.submit(req.inputs, timeout)
-    except Overloaded:
-        lv.stats.rejected += 1
-        raise
-
-
-def submit_decoded(
-    lv: LoadedVersion, req: InferRequest, inputs: dict[str, np.ndarray], t0: float
+def submit(
+    lv: LoadedVersion, req: InferRequest, decoded: dict[str, np.ndarray] | None = None, t0: float = 0.0
 ) -> asyncio.Future[dict[str, np.ndarray]]:
-    """Queue an image request's decoded ``inputs`` (``req`` already passed `check_inputs` as sent) with what is left
-    of its timeout since ``t0`` (``time.perf_counter()`` at arrival); counts a refusal as `submit` does."""
+    """Check a decoded request against the model and queue it with its timeout (the request's, else the model's);
+    the future resolves to its outputs. The one path of both protocols (HTTP and gRPC) into the batcher.
+
+    An image request queues its ``decoded`` tensors instead (``req`` already passed `check_inputs` as sent), with
+    what is left of its timeout since ``t0`` (``time.perf_counter()`` at arrival). A refusal is counted."""
+    if decoded is None:
+        check_inputs(lv.config, req)
     timeout_us = req.timeout_us
     timeout = timeout_us / 1e6 if timeout_us else (lv.config.timeout_ms / 1000 or None)
-    if timeout is not None:
+    if decoded is not None and timeout is not None:
         timeout = max(1e-6, timeout - (time.perf_counter() - t0))
     try:
-        return lv.batcher.submit(inputs, timeout)
+        return lv.batcher.submit(req.inputs if decoded is None else decoded, timeout)
     except Overloaded:
         lv.stats.rejected += 1
         raise
@@ -338,7 +330,7 @@ class App:
     ) -> None:
         """An image request's decoded tensors into the batcher, with what is left of its timeout."""
         try:
-            fut = submit_decoded(lv, req, decoding.result(), t0)
+            fut = submit(lv, req, decoding.result(), t0)
         except Exception as e:
             conn.respond_error(e)
             return

@@ -187,18 +187,9 @@ class TrainConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def config_keys() -> list[str]:
-    return [f.name for f in fields(TrainConfig)]
-
-
-def _field_types() -> dict[str, type]:
-    defaults = TrainConfig()
-    return {k: type(getattr(defaults, k)) for k in config_keys()}
-
-
 def coerce(values: Mapping[str, Any]) -> dict[str, Any]:
     """Check keys against the known fields and coerce each value to its field's type."""
-    types = _field_types()
+    types = {k: type(v) for k, v in TrainConfig().to_dict().items()}
     out: dict[str, Any] = {}
     for key, value in values.items():
         key = key.replace("-", "_")

@@ -73,12 +73,6 @@ class Plan:
         return len(self.devices) * (self.world.nodes if self.world else 1)
 
 
-def _resolve_devices(
-    cfg: TrainConfig, inventory: Inventory | None, env: Environment
-) -> tuple[str, tuple[Device, ...], tuple[tuple[int, ...], ...]]:
-    return resolve_devices(cfg.devices, cpu_workers=cfg.cpu_workers, inventory=inventory, env=env)
-
-
 def resolve_devices(
     devices: str,
     *,
@@ -166,7 +160,7 @@ def prepare(config_file: str | None, overrides: dict[str, Any], *, resume: bool,
                 "or choose another --name"
             )
         cfg = build_config(None, {**cfg.to_dict(), "name": name})
-    kind, devices, cpu_pins = _resolve_devices(cfg, inventory, env)
+    kind, devices, cpu_pins = resolve_devices(cfg.devices, cpu_workers=cfg.cpu_workers, inventory=inventory, env=env)
     nodes_txt = f" on {nodes} nodes" if nodes > 1 else ""
     req = DataRequest(cfg.data, cfg.num_classes, cfg.synthetic_samples, cfg.image_size, cfg.val_fraction, cfg.seed,
                       cfg.loader_workers)  # fmt: skip
