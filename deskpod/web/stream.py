@@ -168,18 +168,9 @@ class Live:
 
 def job_state(job: JobRecord, events: list[dict[str, Any]]) -> Live:
     active = job.state.active
-    return Live(
-        id=str(job.id),
-        state=job.state.value,
-        reason=job.reason,
-        devices=job.devices,
-        assigned=list(job.assigned),
-        attempt=job.attempt,
-        exit_code=job.exit_code,
-        stopping=job.stop_reason,
-        submitted_at=job.submitted_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
+    return render.fields_from(
+        Live,
+        job.to_json(),
         active=active,
         final=is_final(job),
         can_cancel=(job.state is JobState.QUEUED or active) and not job.stop_reason,
