@@ -90,11 +90,9 @@ def _run(web: Web, job: JobRecord, i: int) -> tuple[CompareRun, Series | None]:
     series = web.series.get(RunPaths(run).metrics) if run is not None else None
     last = {key: None if series is None else series.last(kind, key)
             for kind, key in (("train", "loss"), ("val", "val_accuracy"), ("train", "step"))}  # fmt: skip
-    got = CompareRun(
-        id=str(job.id),
-        name=job.name,
-        user=job.user,
-        state=job.state.value,
+    got = render.fields_from(
+        CompareRun,
+        job.to_json(),
         label=f"job {job.id} · {job.name}",
         color=f"--s{i % COLORS + 1}",
         run=None if run is None else str(run),

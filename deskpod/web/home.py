@@ -130,6 +130,8 @@ def counts(status: dict[str, Any], devices: list[DeviceRow]) -> Counts:
     return Counts(status["queued"], status["running"], len(devices), free)
 
 
+FACTS = ("name", "source", "kind", "device_count", "link_model", "fabric", "nvlink_cliques", "partitions", "placements")
+"""What the facts table shows of `describe` as it is."""
 DEVICE_KEYS = ("index", "label", "model", "memory_gb", "numa_node", "cpu_affinity", "nvlinks", "nearest_nics")
 """What the facts table shows of each device (`describe`'s rows without the pair matrix)."""
 
@@ -156,23 +158,15 @@ def topology_summary(web: Web, topology: Topology) -> dict[str, Any]:
             }
         )
     summary = {
-        "name": info["name"],
-        "source": info["source"],
-        "kind": info["kind"],
-        "device_count": info["device_count"],
+        **{k: info[k] for k in FACTS},
         "simulated": simulated(topology),
         "models": sorted({d.model for d in topology.devices if d.model and d.model != "cpu"}),
         "memory_gb": max((d.memory_gb for d in topology.devices), default=0.0),
-        "link_model": info["link_model"],
-        "fabric": info["fabric"],
         "link_counts": link_counts(topology),
         "nvlinks": nvlink_total(topology),
-        "nvlink_cliques": info["nvlink_cliques"],
         "nics": nics,
         "far_nics": [nic.name for nic in far],
         "devices": [{k: d[k] for k in DEVICE_KEYS} for d in info["devices"]],
-        "partitions": info["partitions"],
-        "placements": info["placements"],
     }
     web.cache[SUMMARY] = (topology, summary)
     return summary

@@ -533,26 +533,24 @@ def view(web: Web, who: Viewer, state: dict[str, str], asked: str | None, url: s
             step = 1
     if summary is not None and step >= 2:
         out.dataset = summary
-        if step == 2:
-            out.networks = networks.cards(summary["input_shape"], summary["num_classes"], _cache(web, "networks"))
     if summary is not None and state["model"]:
         info = network(web, state["model"], summary)
         if info["error"]:
             errors["model"] = info["error"]
             step = min(step, 2)
-            if out.networks is None:
-                out.networks = networks.cards(summary["input_shape"], summary["num_classes"], _cache(web, "networks"))
         elif step == 3:
             out.network = info
             out.preview = pv = preview(web, state, summary, info, url)
             errors.update(pv.errors)
             out.error = pv.error
+    if summary is not None and (step == 2 or "model" in errors):
+        out.networks = networks.cards(summary["input_shape"], summary["num_classes"], _cache(web, "networks"))
     out.step = step
     return out, 400 if errors or out.error else 200
 
 
-def _extra(web: Web, state: dict[str, str]) -> dict[str, Any]:
-    """What only the HTML needs: links that keep the choices, and formatting."""
+def _page(web: Web, request: Request, who: Viewer, data: NewPage, status: int, state: dict[str, str]) -> Response:
+    """The page (or its twin), with what only the HTML needs: links that keep the choices, and formatting."""
     from deskpod.train.config import OPTIMIZERS, PRECISIONS
 
     def keep(*skip: str) -> list[tuple[str, str]]:
@@ -564,10 +562,11 @@ def _extra(web: Web, state: dict[str, str]) -> dict[str, Any]:
 
     count = web.pod.device_count
     noun = "GPU" if web.pod.device_kind == "cuda" else "CPU worker slot"
-    return {"state": state, "href": lambda **changes: href(state, **changes), "keep": keep, "labels": LABELS,
-            "sample_src": sample_src, "sample_size": datasets.sample_size, "sample_classes": datasets.SAMPLE_CLASSES,
-            "si": si, "device_count": count, "device_noun": noun + ("s" if count != 1 else ""),
-            "precisions": PRECISIONS, "optimizers": OPTIMIZERS}  # fmt: skip
+    extra = {"state": state, "href": lambda **changes: href(state, **changes), "keep": keep, "labels": LABELS,
+             "sample_src": sample_src, "sample_size": datasets.sample_size, "sample_classes": datasets.SAMPLE_CLASSES,
+             "si": si, "device_count": count, "device_noun": noun + ("s" if count != 1 else ""),
+             "precisions": PRECISIONS, "optimizers": OPTIMIZERS}  # fmt: skip
+    return render.page(request, "new.html", data, who, title="New training", status=status, extra=extra)
 
 
 def si(x: float | None) -> str:
@@ -612,9 +611,7 @@ def register(app: FastAPI, web: Web) -> None:
     def new_page(request: Request, who: Signed, step: Annotated[str | None, Query(max_length=1)] = None) -> Response:
         state = read_state(request.query_params)
         data, status = view(web, who, state, step, _pod_url(request))
-        return render.page(
-            request, "new.html", data, who, title="New training", status=status, extra=_extra(web, state)
-        )
+        return _page(web, request, who, data, status, state)
 
     @app.get("/new/preview.json")
     def preview_json(request: Request, who: Signed) -> Response:
@@ -634,8 +631,7 @@ def register(app: FastAPI, web: Web) -> None:
             return RedirectResponse(href(state), status_code=303)
         data, status, job = await run_in_threadpool(start, web, who, state, _pod_url(request))
         if job is None:
-            return render.page(request, "new.html", data, who, title="New training", status=status,
-                               extra=_extra(web, state))  # fmt: skip
+            return _page(web, request, who, data, status, state)
         if render.wants_json(request):
             return JSONResponse(job.to_json(), status_code=201)
         return RedirectResponse(f"{ROOT}/jobs/{job.id}", status_code=303)

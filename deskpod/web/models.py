@@ -239,17 +239,9 @@ class Deployment:
 
 def deployment(web: Web, who: Viewer, job: JobRecord, *, with_metadata: bool = True) -> Deployment:
     s = dict(job.spec.serve or {})
-    row = Deployment(
-        id=str(job.id),
-        name=job.name,
-        user=job.user,
-        state=job.state.value,
-        reason=job.reason,
-        devices=job.devices,
-        assigned=list(job.assigned),
-        submitted_at=job.submitted_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
+    row = render.fields_from(
+        Deployment,
+        job.to_json(),
         model=s.get("model"),
         format=s.get("format"),
         max_batch_size=s.get("max_batch_size"),
@@ -259,6 +251,7 @@ def deployment(web: Web, who: Viewer, job: JobRecord, *, with_metadata: bool = T
         image_input=bool(s.get("image_input")),
         can_stop=job.state in ACTIVE and not job.stop_reason,
         detail=job.reason,
+        pid=None,  # the server's, from serve.json below (not the serve job's own)
     )
     if job.state is JobState.FAILED:  # why, as the serve job's deskpod said it; not just its exit code
         row.status, row.detail = "failed", failure(web, job) or job.reason or "failed"

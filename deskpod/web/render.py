@@ -13,7 +13,7 @@ import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
     PageData = DataclassInstance | Mapping[str, Any]
 
+D = TypeVar("D", bound="DataclassInstance")
+
 
 def twin(data: object) -> dict[str, Any]:
     """The JSON form of what a page shows (``json.dumps``'s ``default``): a dataclass as an object of its fields,
@@ -41,6 +43,12 @@ def twin(data: object) -> dict[str, Any]:
 def unless_none() -> Any:
     """A field the JSON twin holds only when it is set (a page's ``error``, which a script tests with ``in``)."""
     return dataclasses.field(default=None, metadata={"twin": "unless_none"})
+
+
+def fields_from(cls: type[D], record: Mapping[str, object], **rest: object) -> D:
+    """A ``cls`` whose fields not in ``rest`` are taken by name from ``record`` (a job's `JobRecord.to_json`)."""
+    names = {f.name for f in dataclasses.fields(cls)} - rest.keys()
+    return cls(**{k: v for k, v in record.items() if k in names}, **rest)
 
 
 def json_text(data: object, **kwargs: Any) -> str:

@@ -123,17 +123,22 @@ def chart_points(s: Series, rows: dict[str, int], max_points: int = MAX_POINTS) 
     }
 
 
-def _reset(web: Web, s: Series, generation: int, rows: dict[str, int], max_points: int) -> dict[str, Any]:
-    """A reset's data, computed once for every tab that needs it at this position (tabs reconnecting
-    together after a daemon restart, or opened together)."""
-    key = ("reset", str(s.path), generation, max_points, *(rows[k] for k in KINDS))
+def _shared(web: Web, key: tuple[Any, ...], make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``make()``, computed once for every tab that needs it at this position of a run's metrics (tabs opened or
+    reconnecting together after a daemon restart): the object is shared, so `Follower.event` encodes it once."""
     memo: dict[tuple[Any, ...], dict[str, Any]] = web.cache.setdefault("stream.deltas", {})
     hit = memo.get(key)
     if hit is None:
         if len(memo) > 1024:
             memo.clear()
-        hit = memo[key] = {"series": chart_points(s, rows, max_points)}
+        hit = memo[key] = make()
     return hit
+
+
+def _reset(web: Web, s: Series, generation: int, rows: dict[str, int], max_points: int) -> dict[str, Any]:
+    """A reset's data: every charted series up to ``rows``."""
+    key = ("reset", str(s.path), generation, max_points, *(rows[k] for k in KINDS))
+    return _shared(web, key, lambda: {"series": chart_points(s, rows, max_points)})
 
 
 def is_final(job: JobRecord) -> bool:
@@ -168,18 +173,9 @@ class Live:
 
 def job_state(job: JobRecord, events: list[dict[str, Any]]) -> Live:
     active = job.state.active
-    return Live(
-        id=str(job.id),
-        state=job.state.value,
-        reason=job.reason,
-        devices=job.devices,
-        assigned=list(job.assigned),
-        attempt=job.attempt,
-        exit_code=job.exit_code,
-        stopping=job.stop_reason,
-        submitted_at=job.submitted_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
+    return render.fields_from(
+        Live,
+        job.to_json(),
         active=active,
         final=is_final(job),
         can_cancel=(job.state is JobState.QUEUED or active) and not job.stop_reason,
@@ -354,20 +350,14 @@ class Follower:
 
 
 def _delta(web: Web, s: Series, generation: int, start: dict[str, int], end: dict[str, int]) -> dict[str, Any]:
-    """The new points between two positions of a run's metrics, computed once for every tab at ``start``."""
-    key = (str(s.path), generation, *(start.get(k, 0) for k in KINDS), *(end[k] for k in KINDS))
-    memo: dict[tuple[Any, ...], dict[str, Any]] = web.cache.setdefault("stream.deltas", {})
-    hit = memo.get(key)
-    if hit is None:
-        pts = {
-            series_id(kind, k): s.points(kind, k, start=start.get(kind, 0), end=end[kind])
-            for kind, k in CHARTED
-            if end[kind] > start.get(kind, 0)
-        }
-        if len(memo) > 1024:
-            memo.clear()
-        hit = memo[key] = {"series": {k: v for k, v in pts.items() if v}}
-    return hit
+    """The new points between two positions of a run's metrics."""
+
+    def points() -> dict[str, Any]:
+        pts = {series_id(kind, k): s.points(kind, k, start=start.get(kind, 0), end=end[kind])
+               for kind, k in CHARTED if end[kind] > start.get(kind, 0)}  # fmt: skip
+        return {"series": {k: v for k, v in pts.items() if v}}
+
+    return _shared(web, (str(s.path), generation, *(start.get(k, 0) for k in KINDS), *(end[k] for k in KINDS)), points)
 
 
 def _read(path: Path, offset: int, n: int) -> bytes:

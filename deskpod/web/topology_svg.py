@@ -72,24 +72,21 @@ def link_class(link: Link) -> str | None:
     return {"NODE": "socket", "SYS": "sockets"}.get(link.token, "pcie")
 
 
+def _pairs(topology: Topology) -> list[tuple[int, int, Link]]:
+    """Each pair of devices once (``a < b``), with its link."""
+    n = topology.device_count
+    return [(a, b, topology.links[a][b]) for a in range(n) for b in range(a + 1, n)]
+
+
 def link_counts(topology: Topology) -> dict[str, int]:
     """How many device pairs have each class of link, fastest class first (classes with none left out)."""
-    counts = dict.fromkeys(LINK_CLASSES, 0)
-    n = topology.device_count
-    for a in range(n):
-        for b in range(a + 1, n):
-            cls = link_class(topology.links[a][b])
-            if cls is not None:
-                counts[cls] += 1
-    return {k: v for k, v in counts.items() if v}
+    counts = Counter(link_class(lk) for _, _, lk in _pairs(topology))
+    return {k: counts[k] for k in LINK_CLASSES if counts[k]}
 
 
 def nvlink_total(topology: Topology) -> int:
     """NVLinks wired between pairs, summed over the pairs (0 on an NVSwitch machine)."""
-    n = topology.device_count
-    return sum(
-        topology.links[a][b].links for a in range(n) for b in range(a + 1, n) if topology.links[a][b].kind == "nvlink"
-    )
+    return sum(lk.links for _, _, lk in _pairs(topology) if lk.kind == "nvlink")
 
 
 def nearest_devices(topology: Topology, nic: Nic) -> list[int]:
@@ -165,13 +162,7 @@ class _Canvas:
 
 def _pcie_tokens(topology: Topology) -> list[tuple[str, int]]:
     """The PCIe path classes (PIX, PXB, PHB) among the device pairs and how many pairs have each, most first."""
-    n = topology.device_count
-    found = Counter(
-        topology.links[a][b].token
-        for a in range(n)
-        for b in range(a + 1, n)
-        if link_class(topology.links[a][b]) == "pcie"
-    )
+    found = Counter(lk.token for _, _, lk in _pairs(topology) if link_class(lk) == "pcie")
     return sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
@@ -215,7 +206,7 @@ def _gpu_graph(c: _Canvas, topology: Topology, held: Mapping[int, str]) -> float
     if topology.fabric is None:
         _cliques(c, topology, pos, radius)
     order = ("sockets", "socket", "pcie", "nvlink")
-    edges = [(a, b, topology.links[a][b]) for a in range(n) for b in range(a + 1, n)]
+    edges = _pairs(topology)
     tags: list[tuple[float, float, str]] = []
     tokens = _pcie_tokens(topology)
     plain = tokens[0][0] if tokens else ""  # the commonest PCIe class goes unlabelled; the legend names it
@@ -329,7 +320,7 @@ def _cpu_graph(c: _Canvas, topology: Topology, held: Mapping[int, str]) -> None:
     pos = [(-width / 2 + (i % cols) * pitch_x, (i // cols) * pitch_y) for i in range(n)]
     hub_y = (rows - 1) * pitch_y + NODE_H / 2 + (48 if rows == 1 else 22)
     hub_w = max(width + NODE_W, 220.0)
-    shm = [topology.links[a][b] for a in range(n) for b in range(a + 1, n) if topology.links[a][b].kind == "shm"]
+    shm = [lk for _, _, lk in _pairs(topology) if lk.kind == "shm"]
     rate = f", {shm[0].bandwidth:g} GB/s nominal" if shm else ""
     title = f"<title>host memory, shared by every slot{_e(rate)}</title>"
     if rows == 1:
@@ -359,9 +350,7 @@ def _legend(c: _Canvas, topology: Topology) -> None:
             text += f", {nvlink_total(topology)} links"
         if cls == "pcie":
             tokens = _pcie_tokens(topology)
-            text = f"{name} · {pairs} pair{'s' if pairs != 1 else ''}" + (
-                f" ({tokens[0][0]} unless labelled)" if len(tokens) > 1 else f" ({tokens[0][0]})"
-            )
+            text += f" ({tokens[0][0]} unless labelled)" if len(tokens) > 1 else f" ({tokens[0][0]})"
         if cls == "nvswitch" and topology.fabric is not None:
             text = f"{name} · {topology.device_count} GPUs × NV{topology.fabric.links_per_gpu}"
         width = "3" if cls in ("nvlink", "nvswitch") else None
@@ -403,12 +392,8 @@ def description(topology: Topology) -> str:
         parts.append(
             f"Every GPU attaches to an NVSwitch fabric with NV{f.links_per_gpu} ({f.gpu_bandwidth:g} GB/s per direction)."
         )
-    nv = [
-        f"{topology.devices[a].label}–{topology.devices[b].label} {topology.links[a][b].token}"
-        for a in range(n)
-        for b in range(a + 1, n)
-        if topology.links[a][b].kind == "nvlink"
-    ]
+    devices = topology.devices
+    nv = [f"{devices[a].label}–{devices[b].label} {lk.token}" for a, b, lk in _pairs(topology) if lk.kind == "nvlink"]
     if nv:
         parts.append("NVLink: " + ", ".join(nv) + ".")
     for cls, pairs in counts.items():

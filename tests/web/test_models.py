@@ -102,7 +102,9 @@ def fake_job(state: JobState, **over: Any) -> Any:
                 started_at=time.time() - 5, finished_at=None, stop_reason=None,
                 spec=SimpleNamespace(serve={"run": "/nowhere/runs/r", "model": "m", "format": "onnx",
                                             "max_batch_size": 8}))  # fmt: skip
-    return SimpleNamespace(**{**base, **over})
+    job = SimpleNamespace(**{**base, **over})
+    job.to_json = lambda: {**vars(job), "id": str(job.id), "state": job.state.value, "assigned": list(job.assigned)}
+    return job
 
 
 def test_deployment_status_follows_job_state_and_port_file(tmp_path: Path) -> None:

@@ -66,10 +66,7 @@ const deskpodCharts = (() => {
     return fmt(v);
   }
 
-  function fmt(x) {
-    if (typeof deskpod !== "undefined") return deskpod.fmt(x);
-    return Number.isFinite(x) ? String(Number(x.toPrecision(3))) : "-";
-  }
+  const { el, fmt } = deskpod; // dashboard.js, which every page loads first
 
   // At most `budget` points: the first, the last, and each bucket's lowest and highest, in order
   // (what the server's downsample does, so a spike stays visible).
@@ -156,12 +153,11 @@ const deskpodCharts = (() => {
       if (!this.legend) return;
       this.legend.textContent = "";
       for (const s of this.series) {
-        const item = document.createElement("span");
-        const sw = document.createElement("span");
-        sw.className = "swatch";
+        const sw = el("span", null, "swatch");
         sw.style.background = `var(${s.color})`;
         sw.setAttribute("aria-hidden", "true");
-        item.append(sw, document.createTextNode(s.label));
+        const item = el("span");
+        item.append(sw, s.label);
         this.legend.append(item);
       }
     }

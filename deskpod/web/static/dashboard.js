@@ -23,6 +23,14 @@ const deskpod = (() => {
     return doc;
   }
 
+  // An element holding ``text`` as text (never as markup), with class ``cls``.
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    if (cls) e.className = cls;
+    return e;
+  }
+
   // <form data-confirm="Cancel job 3?">: ask in a dialog first (the server asks again without JavaScript).
   // data-confirm-for="cancel": ask only when the button pressed has that value (a form with several actions).
   function confirmForms() {
@@ -34,25 +42,18 @@ const deskpod = (() => {
         ev.preventDefault();
         const dlg = document.createElement("dialog");
         dlg.setAttribute("aria-labelledby", "confirm-text");
-        const p = document.createElement("p");
+        const p = el("p", form.dataset.confirm);
         p.id = "confirm-text";
-        p.textContent = form.dataset.confirm;
-        const yes = document.createElement("button");
-        yes.textContent = form.dataset.confirmYes || "Yes";
-        yes.className = "danger";
-        const no = document.createElement("button");
-        no.textContent = "No, keep it";
-        no.className = "secondary";
-        const row = document.createElement("p");
+        const yes = el("button", form.dataset.confirmYes || "Yes", "danger");
+        const no = el("button", "No, keep it", "secondary");
+        const row = el("p");
         row.append(yes, " ", no);
         dlg.append(p, row);
         document.body.append(dlg);
         no.addEventListener("click", () => { dlg.close(); dlg.remove(); });
         yes.addEventListener("click", () => {
           form.dataset.confirmed = "1";
-          const flag = document.createElement("input");
-          flag.type = "hidden"; flag.name = "confirmed"; flag.value = "1";
-          form.append(flag);
+          form.append(Object.assign(document.createElement("input"), { type: "hidden", name: "confirmed", value: "1" }));
           dlg.close(); dlg.remove();
           form.requestSubmit(submitter);  // the same button: its name and value go with the form
         });
@@ -72,5 +73,5 @@ const deskpod = (() => {
   }
 
   document.addEventListener("DOMContentLoaded", confirmForms);
-  return { csrf, post, getJSON, fmt };
+  return { csrf, post, getJSON, fmt, el };
 })();

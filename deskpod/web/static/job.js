@@ -13,12 +13,7 @@
     const d = new Date(t * 1000);
     return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
   };
-  const el = (tag, text, cls) => {
-    const e = document.createElement(tag);
-    if (text !== undefined && text !== null) e.textContent = String(text);
-    if (cls) e.className = cls;
-    return e;
-  };
+  const { el } = deskpod;
 
   // --- charts (drawn at once from the page's own data; the benchmark reads the mark)
   const lines = new Map(); // series id ("train/loss") -> [[chart, index], ...]
@@ -99,7 +94,7 @@
     const rows = $("history-rows");
     rows.textContent = "";
     for (const e of s.events || []) {
-      const tr = document.createElement("tr");
+      const tr = el("tr");
       const to = el("td");
       to.append(el("span", e.to, "state state-" + e.to));
       tr.append(el("td", clock(e.at)), el("td", e.from || ""), to, el("td", e.note));

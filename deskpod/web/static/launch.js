@@ -41,19 +41,12 @@
   }
 
   function showRows(rows) {
-    const box = byId("pv-rows");
-    box.replaceChildren();
-    for (const [k, v] of rows || []) {
-      const cell = document.createElement("div");
-      const key = document.createElement("span");
-      key.className = "k";
-      key.textContent = k;
-      const val = document.createElement("span");
-      val.className = "v";
-      val.textContent = v;
-      cell.append(key, val);
-      box.append(cell);
-    }
+    const cells = (rows || []).map(([k, v]) => {
+      const cell = deskpod.el("div");
+      cell.append(deskpod.el("span", k, "k"), deskpod.el("span", v, "v"));
+      return cell;
+    });
+    byId("pv-rows").replaceChildren(...cells);
   }
 
   function show(doc) {
