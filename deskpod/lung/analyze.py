@@ -65,7 +65,7 @@ import numpy.typing as npt
 
 from deskpod.errors import ConfigError, DeskpodError, UsageError
 from deskpod.lung import brock, growth, lungrads, phantom_reason
-from deskpod.lung.images import Scan, read_scan, voxel_to_world, world_to_voxel
+from deskpod.lung.images import Scan, crop, read_scan, voxel_to_world, world_to_voxel
 from deskpod.lung.lungmask import LungMask, lung_mask
 from deskpod.lung.measure import GGO_HU, SOLID_HU, Measurement, segment_nodule
 from deskpod.lung.report import (
@@ -488,11 +488,7 @@ def _box_around(scan: Scan, seed: tuple[float, float, float], radius_mm: float) 
         c = int(np.clip(round(float(centre[axis])), 0, n - 1))
         lo_xyz.append(max(0, c - r))
         hi_xyz.append(min(n, c + r + 1))
-    hu = np.ascontiguousarray(scan.hu[lo_xyz[2] : hi_xyz[2], lo_xyz[1] : hi_xyz[1], lo_xyz[0] : hi_xyz[0]])
-    w = voxel_to_world(scan, lo_xyz)
-    box = Scan(hu=hu, spacing=scan.spacing, origin=(float(w[0]), float(w[1]), float(w[2])), direction=scan.direction,
-               source=scan.source)  # fmt: skip
-    return box, (lo_xyz[2], lo_xyz[1], lo_xyz[0])
+    return crop(scan, lo_xyz[::-1], hi_xyz[::-1]), (lo_xyz[2], lo_xyz[1], lo_xyz[0])
 
 
 def _lesion(
@@ -582,17 +578,14 @@ def _radiomics(
 
 def _crop(scan: Scan, les: Lesion, margin: int) -> tuple[Scan, npt.NDArray[np.bool_]]:
     """The scan around a nodule (its geometry kept: the origin moves to the crop's corner) and its mask there."""
-    shape = scan.shape
     lo = [max(0, o - margin) for o in les.offset_zyx]
-    hi = [min(n, o + d + margin) for o, d, n in zip(les.offset_zyx, les.mask.shape, shape, strict=True)]
-    hu = np.ascontiguousarray(scan.hu[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]])
-    mask = np.zeros(hu.shape, dtype=bool)
+    hi = [min(n, o + d + margin) for o, d, n in zip(les.offset_zyx, les.mask.shape, scan.shape, strict=True)]
+    around = crop(scan, lo, hi)
+    mask = np.zeros(around.hu.shape, dtype=bool)
     z, y, x = (o - a for o, a in zip(les.offset_zyx, lo, strict=True))
     dz, dy, dx = les.mask.shape
     mask[z : z + dz, y : y + dy, x : x + dx] = les.mask
-    corner = voxel_to_world(scan, [lo[2], lo[1], lo[0]])
-    origin = (float(corner[0]), float(corner[1]), float(corner[2]))
-    return Scan(hu=hu, spacing=scan.spacing, origin=origin, direction=scan.direction, source=scan.source), mask
+    return around, mask
 
 
 def _registration_json(result: Any) -> dict[str, Any]:
