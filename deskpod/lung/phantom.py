@@ -41,7 +41,7 @@ import math
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import ConfigError
-from deskpod.lung.images import Scan
+from deskpod.lung.images import Scan, to_image
 from deskpod.lung.lidc import KINDS, Distribution, Reading, digest, locate, readings
 
 sitk: Any = importlib.import_module("SimpleITK")  # untyped: its calls are Any under mypy strict
@@ -268,15 +268,11 @@ def place_nodules(
                 if o.body_xyz
             ):
                 continue
-            placed.append(_with_body(spec, _t3(p)))
+            placed.append(replace(spec, body_xyz=_t3(p)))
             break
         else:
             raise ConfigError(f"a {spec.diameter_mm:.1f} mm nodule does not fit in this phantom's lungs")
     return placed
-
-
-def _with_body(spec: NoduleSpec, body: tuple[float, float, float]) -> NoduleSpec:
-    return NoduleSpec(spec.diameter_mm, spec.kind, spec.solid_mm, spec.spiculation, spec.malignancy, body)
 
 
 def make_scan(
@@ -386,10 +382,7 @@ def _draw_body(
         dz, np.abs(bz - np.float32((anatomy.ribs[0] + anatomy.ribs[-1]) / 2)) - (anatomy.ribs[-1] - anatomy.ribs[0]) / 2
     )
     band = _ramp(np.maximum(ring, dz - np.float32(anatomy.rib_mm / 2)), width)
-    hu = hu + band * (np.float32(RIB_HU) - hu)  # broadcast to (z, y, x) here at the latest
-    full = np.empty(shape, dtype=np.float32)
-    full[...] = hu
-    hu = full
+    hu = np.broadcast_to(hu + band * (np.float32(RIB_HU) - hu), shape).copy()  # (z, y, x) here at the latest
     for (cx, cy, cz), (ax, ay, az) in anatomy.lungs:
         semi = np.array([ax, ay, az])
         box = _box(_corners(np.array([cx, cy, cz]), semi + 2), pose, spacing, origin, shape)
@@ -506,12 +499,7 @@ def max_diameter_mm(anatomy: Anatomy) -> float:
 
 def specs_from_readings(picked: Sequence[Reading]) -> list[NoduleSpec]:
     """Nodules to draw from LIDC readings: diameter, type (texture), spiculation and malignancy as read."""
-    return [
-        NoduleSpec(
-            diameter_mm=r.diameter_mm, kind=r.kind, spiculation=r.spiculation, malignancy=r.malignancy, body_xyz=None
-        )
-        for r in picked
-    ]
+    return [NoduleSpec(r.diameter_mm, r.kind, spiculation=r.spiculation, malignancy=r.malignancy) for r in picked]
 
 
 def series_uid(seed: int, index: int) -> str:
@@ -523,11 +511,7 @@ def series_uid(seed: int, index: int) -> str:
 def write_mhd(scan: Scan, path: Path) -> Path:
     """Write ``scan`` as ``path`` (.mhd) + its .raw, MET_SHORT (HU rounded, clipped to int16), uncompressed."""
     hu = np.clip(np.rint(scan.hu), -32768, 32767).astype(np.int16)
-    image = sitk.GetImageFromArray(hu)
-    image.SetSpacing(scan.spacing)
-    image.SetOrigin(scan.origin)
-    image.SetDirection(tuple(float(v) for row in scan.direction for v in row))
-    sitk.WriteImage(image, str(path), False)
+    sitk.WriteImage(to_image(hu, scan), str(path), False)
     return path
 
 
