@@ -328,8 +328,6 @@ def scans_to_detect(data: str | None, scans: Sequence[str | Path] = (), *, subse
                     fold: int = -1) -> list[tuple[str, Path]]:  # fmt: skip
     """What to detect on, each scan with its series uid: one subset of a LUNA16 folder (``data = "luna16:PATH"``;
     default: ``fold``, the detector's held-out one, -1 for the last), or scan files, named after their file."""
-    from deskpod.lung.luna16 import read_layout
-
     if data is not None:
         kind, _, path = data.partition(":")
         if kind != "luna16" or not path:

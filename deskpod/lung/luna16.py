@@ -160,13 +160,12 @@ def cache_folder(root: Path, spacing: tuple[float, float, float], cache: str = "
 
 def prepare_volume(mhd: Path, spacing: tuple[float, float, float], out: Path) -> None:
     """Resample one scan and write it (``<uid>.npy`` + ``<uid>.json``) atomically into ``out``."""
-    scan = resample(read_scan(mhd), spacing)
-    hu = np.clip(np.rint(scan.hu), -32768, 32767).astype(np.int16).transpose(2, 1, 0)  # (z,y,x) -> (x,y,z)
+    vol = volume_of(read_scan(mhd), spacing)
     out.mkdir(parents=True, exist_ok=True)
     uid = mhd.stem
-    write_json(out / f"{uid}.json", {"spacing": scan.spacing, "origin": scan.origin, "direction": scan.direction})
+    write_json(out / f"{uid}.json", {"spacing": vol.spacing, "origin": vol.origin, "direction": vol.direction})
     with replacing(out / f"{uid}.npy") as f:  # the .npy last: its presence means the scan is ready
-        np.save(f, np.ascontiguousarray(hu))
+        np.save(f, vol.hu)
 
 
 def ensure_cache(layout: Layout, uids: Sequence[str], spacing: tuple[float, float, float], folder: Path,
@@ -193,9 +192,9 @@ def load_volume(folder: Path, uid: str) -> Volume:
 
 
 def volume_of(scan: Scan, spacing: tuple[float, float, float]) -> Volume:
-    """A scan in memory as a `Volume` at ``spacing`` (for inference)."""
+    """A scan as a `Volume` at ``spacing`` (for inference, and what the cache holds)."""
     s = resample(scan, spacing)
-    hu = np.clip(np.rint(s.hu), -32768, 32767).astype(np.int16).transpose(2, 1, 0)
+    hu = np.clip(np.rint(s.hu), -32768, 32767).astype(np.int16).transpose(2, 1, 0)  # (z,y,x) -> (x,y,z)
     return Volume(np.ascontiguousarray(hu), s.spacing, s.origin, s.direction)
 
 
