@@ -424,9 +424,8 @@ def _box_body_points(
 ) -> F64:
     """Body coordinates of the voxel centres in ``box`` (``sub``³ sub-voxel samples each): shape (z, y, x, sub³, 3)."""
     offsets = (np.arange(sub) + 0.5) / sub - 0.5
-    ix = (np.arange(box[2].start, box[2].stop)[:, None] + offsets[None, :]) * spacing[0] + origin[0]
-    iy = (np.arange(box[1].start, box[1].stop)[:, None] + offsets[None, :]) * spacing[1] + origin[1]
-    iz = (np.arange(box[0].start, box[0].stop)[:, None] + offsets[None, :]) * spacing[2] + origin[2]
+    ix, iy, iz = ((np.arange(b.start, b.stop)[:, None] + offsets[None, :]) * s + o
+                  for b, s, o in zip(box[::-1], spacing, origin, strict=True))  # fmt: skip
     gz, gy, gx = len(iz), len(iy), len(ix)
     world = np.empty((gz, gy, gx, sub, sub, sub, 3), dtype=np.float64)
     world[..., 0] = ix[None, None, :, None, None, :]
@@ -434,10 +433,6 @@ def _box_body_points(
     world[..., 2] = iz[:, None, None, :, None, None]
     flat = pose.to_body(world.reshape(-1, 3))
     return flat.reshape(gz, gy, gx, sub**3, 3)
-
-
-def _cube(centre: F64, half: float) -> F64:
-    return _corners(centre, np.array([half, half, half]))
 
 
 def _corners(centre: F64, half: F64) -> F64:
@@ -451,7 +446,7 @@ def _draw_vessel(
     hu: F32, v: _Vessel, pose: Pose, spacing: tuple[float, float, float], origin: tuple[float, float, float]
 ) -> None:
     a, b = np.array(v.start), np.array(v.end)
-    corners = np.concatenate([_cube(a, v.r0 + 1), _cube(b, v.r0 + 1)])
+    corners = np.concatenate([_corners(a, np.full(3, v.r0 + 1)), _corners(b, np.full(3, v.r0 + 1))])
     box = _box(corners, pose, spacing, origin, hu.shape)
     if box is None:
         return
@@ -475,7 +470,7 @@ def _draw_nodule(
     assert spec.body_xyz is not None
     centre = np.array(spec.body_xyz)
     r = spec.diameter_mm / 2
-    box = _box(_cube(centre, r + 1), pose, spacing, origin, hu.shape)
+    box = _box(_corners(centre, np.full(3, r + 1)), pose, spacing, origin, hu.shape)
     if box is None:
         return
     points = _box_body_points(box, pose, spacing, origin, sub=3)
