@@ -33,7 +33,7 @@ import torch
 
 from deskpod.errors import ConfigError, DataError
 from deskpod.environment.files import replacing, write_json
-from deskpod.lung.images import Scan, read_scan, resample, voxel_to_world, world_to_voxel
+from deskpod.lung.images import Scan, read_scan, resample, world_to_voxel
 from deskpod.train.data import Batch
 
 HU_MIN, HU_MAX = -1024.0, 300.0
@@ -202,10 +202,6 @@ def normalise(hu: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
     """HU to MONAI's [0, 1] input range (clipped at -1024 and 300 HU)."""
     out: npt.NDArray[np.float32] = (np.clip(hu.astype(np.float32), HU_MIN, HU_MAX) - HU_MIN) / (HU_MAX - HU_MIN)
     return out
-
-
-def voxel_to_world_of(volume: Volume, index_xyz: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    return voxel_to_world(volume.geometry(), index_xyz)
 
 
 # --------------------------------------------------------------------------- patches
