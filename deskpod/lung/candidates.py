@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import ConfigError
-from deskpod.lung.images import Scan, voxel_to_world
+from deskpod.lung.images import Scan, crop, to_image
 from deskpod.lung.lungmask import LungMask
 
 sitk: Any = importlib.import_module("SimpleITK")  # untyped: its calls are Any under mypy strict
@@ -87,18 +87,12 @@ def find_candidates(scan: Scan, lungs: LungMask, *, min_mm: float = 3.0, max_mm:
     for axis in range(3):
         present = np.flatnonzero(lungs.mask.any(axis=tuple(a for a in range(3) if a != axis)))
         box.append(slice(max(0, int(present[0]) - grow[axis]), int(present[-1]) + grow[axis] + 1))
-    crop = tuple(box)
-    region = _box_dilate(lungs.mask[crop], grow)
-    hu = scan.hu[crop]
-    corner = voxel_to_world(scan, [box[2].start, box[1].start, box[0].start])
+    region = _box_dilate(lungs.mask[tuple(box)], grow)
+    part = crop(scan, [b.start for b in box], [b.stop for b in box])
     blobs: list[_Blob] = []
     for low in (SOLID_HU, GGO_HU):
-        tissue = _box_dilate(_box_erode((hu >= low) & region, opening), opening)
-        image = sitk.GetImageFromArray(tissue.astype(np.uint8))
-        image.SetSpacing(scan.spacing)
-        image.SetDirection(tuple(float(v) for row in scan.direction for v in row))
-        image.SetOrigin(tuple(float(v) for v in corner))
-        blobs.extend(_blobs(image, min_mm, max_mm))
+        tissue = _box_dilate(_box_erode((part.hu >= low) & region, opening), opening)
+        blobs.extend(_blobs(to_image(tissue.astype(np.uint8), part), min_mm, max_mm))
     kept: list[_Blob] = []
     for blob in sorted(blobs, key=lambda b: -b.score):
         if all(_distance(blob, k) >= max(blob.diameter_mm, k.diameter_mm) / 2 for k in kept):

@@ -29,7 +29,7 @@ from torch import nn
 
 from deskpod.errors import ConfigError, DataError
 from deskpod.lung.candidates import Candidate
-from deskpod.lung.images import Scan
+from deskpod.lung.images import Scan, voxel_to_world
 from deskpod.lung.luna16 import (
     Layout,
     PatchSource,
@@ -40,7 +40,6 @@ from deskpod.lung.luna16 import (
     samples_of,
     split,
     volume_of,
-    voxel_to_world_of,
 )
 from deskpod.train.data import Batch, DataRequest, DataSpec, Source
 from deskpod.train.tasks import parse_options
@@ -318,7 +317,7 @@ class Detector:
         boxes, scores = found["boxes"].double().numpy(), found["labels_scores"].double().numpy()
         order = np.argsort(-scores)[:max_candidates]
         centres = (boxes[order, :3] + boxes[order, 3:]) / 2
-        world = voxel_to_world_of(vol, centres) if len(order) else np.zeros((0, 3))
+        world = voxel_to_world(vol.geometry(), centres) if len(order) else np.zeros((0, 3))
         source = f"detector:{self.run_dir.name}"
         return [Candidate((float(w[0]), float(w[1]), float(w[2])), float(scores[i]), source)
                 for w, i in zip(world, order, strict=True)]  # fmt: skip
@@ -328,8 +327,6 @@ def scans_to_detect(data: str | None, scans: Sequence[str | Path] = (), *, subse
                     fold: int = -1) -> list[tuple[str, Path]]:  # fmt: skip
     """What to detect on, each scan with its series uid: one subset of a LUNA16 folder (``data = "luna16:PATH"``;
     default: ``fold``, the detector's held-out one, -1 for the last), or scan files, named after their file."""
-    from deskpod.lung.luna16 import read_layout
-
     if data is not None:
         kind, _, path = data.partition(":")
         if kind != "luna16" or not path:

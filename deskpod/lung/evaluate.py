@@ -108,16 +108,19 @@ def make_candidates(rows: Sequence[tuple[str, float, float, float, float]], sour
     return Candidates(tuple(r[0] for r in rows), xyz, np.array([r[4] for r in rows], dtype=np.float64), source)
 
 
-def _read_table(path: str | Path, what: str, columns: Sequence[str]) -> tuple[list[int], dict[str, list[str]]]:
-    """The named columns of a CSV file with a header line, as strings, and each row's line number."""
-    name = f"{what} {str(path)!r}"
+def _read_text(path: str | Path, name: str) -> str:
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")
+        return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise ConfigError(f"{name}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{name} cannot be read: {e}") from None
-    reader = csv.reader(io.StringIO(text))
+
+
+def _read_table(path: str | Path, what: str, columns: Sequence[str]) -> tuple[list[int], dict[str, list[str]]]:
+    """The named columns of a CSV file with a header line, as strings, and each row's line number."""
+    name = f"{what} {str(path)!r}"
+    reader = csv.reader(io.StringIO(_read_text(path, name)))
     try:
         header = next((row for row in reader if any(f.strip() for f in row)), None)
         if header is None:
@@ -222,13 +225,7 @@ def read_seriesuids(path: str | Path) -> tuple[str, ...]:
     """The scans to evaluate: one seriesuid a line (the official seriesuids.csv), or a CSV with a seriesuid column."""
     what = "series list"
     name = f"{what} {str(path)!r}"
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(f"{name}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{name} cannot be read: {e}") from None
-    numbered = [(i, line.strip()) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
+    numbered = [(i, line.strip()) for i, line in enumerate(_read_text(path, name).splitlines(), 1) if line.strip()]
     if numbered and "seriesuid" in [f.strip() for f in numbered[0][1].split(",")]:
         lines, col = _read_table(path, what, ("seriesuid",))
         uids = _uids(col["seriesuid"], lines, what, path)
@@ -567,20 +564,27 @@ class Evaluation:
                     "sensitivity and the CPM are 0; check that it is the detector's output"]  # fmt: skip
         return []
 
+    @property
+    def intervals(self) -> Bootstrap | None:
+        """The bootstrap when some of its draws held a nodule (there are intervals to give), else None."""
+        b = self.bootstrap
+        return b if b is not None and len(b.cpm) else None
+
     def to_json(self) -> dict[str, Any]:
-        m, b = self.matching, self.bootstrap
-        lo, hi = b.sensitivity_interval() if b is not None and len(b.cpm) else (None, None)
-        cpm_lo, cpm_hi = b.cpm_interval() if b is not None and len(b.cpm) else (None, None)
-        points = []
-        for i, rate in enumerate(FP_RATES):
-            point: dict[str, Any] = {"fp_per_scan": rate, "sensitivity": float(self.sensitivity[i])}
-            if lo is not None and hi is not None and b is not None:
-                point |= {"ci_low": float(lo[i]), "ci_high": float(hi[i]),
-                          "bootstrap_mean": float(b.sensitivity[:, i].mean())}  # fmt: skip
-            points.append(point)
+        m, b, ci = self.matching, self.bootstrap, self.intervals
+        points: list[dict[str, Any]] = [{"fp_per_scan": rate, "sensitivity": float(s)}
+                                        for rate, s in zip(FP_RATES, self.sensitivity, strict=True)]  # fmt: skip
         cpm: dict[str, Any] = {"value": self.cpm}
-        if cpm_lo is not None and b is not None:
-            cpm |= {"ci_low": cpm_lo, "ci_high": cpm_hi, "bootstrap_mean": float(b.cpm.mean())}
+        band: dict[str, Any] = {}
+        if ci is not None:
+            lo, hi = ci.sensitivity_interval()
+            for i, point in enumerate(points):
+                point |= {"ci_low": float(lo[i]), "ci_high": float(hi[i]),
+                          "bootstrap_mean": float(ci.sensitivity[:, i].mean())}  # fmt: skip
+            cpm_lo, cpm_hi = ci.cpm_interval()
+            cpm |= {"ci_low": cpm_lo, "ci_high": cpm_hi, "bootstrap_mean": float(ci.cpm.mean())}
+            band_lo, band_hi = interval(ci.curve, ci.confidence)
+            band = {"ci_low": band_lo.tolist(), "ci_high": band_hi.tolist()}
         out: dict[str, Any] = {
             "what": "FROC and CPM by the LUNA16 rules (deskpod lung evaluate)",
             "note": DISCLAIMER,
@@ -607,14 +611,11 @@ class Evaluation:
             "multi_nodule_candidates": m.multi_nodule_candidates,
             "points": points,
             "cpm": cpm,
-            "curve": {"fp_per_scan": GRID.tolist(), "sensitivity": self.curve.at(GRID).tolist()},
+            "curve": {"fp_per_scan": GRID.tolist(), "sensitivity": self.curve.at(GRID).tolist()} | band,
         }
         if b is not None:
             out["bootstrap"] = {"samples": b.samples, "seed": b.seed, "confidence": b.confidence,
                                 "draws_without_nodules": b.without_nodules, "unit": "scan"}  # fmt: skip
-            if len(b.cpm):
-                band_lo, band_hi = interval(b.curve, b.confidence)
-                out["curve"] |= {"ci_low": band_lo.tolist(), "ci_high": band_hi.tolist()}
         return out
 
 
@@ -671,8 +672,8 @@ def plot_froc(ev: Evaluation, path: str | Path) -> Path:
     fig = Figure(figsize=(7.5, 5.2), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    b = ev.bootstrap
-    if b is not None and len(b.cpm):
+    b = ev.intervals
+    if b is not None:
         lo, hi = interval(b.curve, b.confidence)
         cpm_lo, cpm_hi = b.cpm_interval()
         ax.fill_between(GRID, lo, hi, color="#1f77b4", alpha=0.2, linewidth=0,
@@ -717,8 +718,7 @@ def write_outputs(ev: Evaluation, out_dir: str | Path) -> tuple[Path, Path]:
 
 def format_table(ev: Evaluation) -> str:
     """What ``deskpod lung evaluate`` prints: the counts, sensitivity at each rate with its interval, the CPM."""
-    m, b = ev.matching, ev.bootstrap
-    has_ci = b is not None and len(b.cpm) > 0
+    m, b, ci = ev.matching, ev.bootstrap, ev.intervals
     lines = [
         f"LUNA16 evaluation: {m.scans} scans, {m.nodules} nodules ({m.detected} hit by a candidate), "
         f"{m.candidates} candidates",
@@ -733,11 +733,11 @@ def format_table(ev: Evaluation) -> str:
     else:
         head = ""
     lines.append(f"{'FP/scan':>8}  {'sensitivity':>11}  {head}")
-    lo, hi = b.sensitivity_interval() if b is not None and has_ci else (None, None)
+    lo, hi = ci.sensitivity_interval() if ci is not None else (None, None)
     for i, label in enumerate(RATE_LABELS):
-        ci = f"[{lo[i]:.3f}, {hi[i]:.3f}]" if lo is not None and hi is not None else ""
-        lines.append(f"{label:>8}  {ev.sensitivity[i]:>11.3f}  {ci}")
-    cpm_ci = "[{:.3f}, {:.3f}]".format(*b.cpm_interval()) if b is not None and has_ci else ""
+        band = f"[{lo[i]:.3f}, {hi[i]:.3f}]" if lo is not None and hi is not None else ""
+        lines.append(f"{label:>8}  {ev.sensitivity[i]:>11.3f}  {band}")
+    cpm_ci = "[{:.3f}, {:.3f}]".format(*ci.cpm_interval()) if ci is not None else ""
     lines.append(f"{'CPM':>8}  {ev.cpm:>11.3f}  {cpm_ci}")
     lines.append(f"note: {DISCLAIMER}")
     if ev.phantom:

@@ -16,6 +16,7 @@ a non-CT modality, an unreadable file, an unknown extension) is a `ConfigError` 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,13 @@ def world_to_voxel(scan: Scan, world_xyz: npt.ArrayLike) -> FloatArray:
     world = np.asarray(world_xyz, dtype=np.float64) - np.array(scan.origin, dtype=np.float64)
     index: FloatArray = world @ np.linalg.inv(_matrix(scan)).T
     return index
+
+
+def crop(scan: Scan, lo_zyx: Sequence[int], hi_zyx: Sequence[int]) -> Scan:
+    """The voxels ``lo_zyx`` to ``hi_zyx`` (exclusive) of ``scan``, its geometry kept: the origin moves to ``lo_zyx``."""
+    hu = np.ascontiguousarray(scan.hu[lo_zyx[0] : hi_zyx[0], lo_zyx[1] : hi_zyx[1], lo_zyx[2] : hi_zyx[2]])
+    x, y, z = (float(v) for v in voxel_to_world(scan, [lo_zyx[2], lo_zyx[1], lo_zyx[0]]))
+    return Scan(hu=hu, spacing=scan.spacing, origin=(x, y, z), direction=scan.direction, source=scan.source)
 
 
 def resample(scan: Scan, spacing: tuple[float, float, float], default_hu: float = -1024.0) -> Scan:

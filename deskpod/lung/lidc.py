@@ -284,16 +284,12 @@ class Distribution:
 
     def quartiles(self) -> tuple[float, float, float]:
         """The 25th, 50th and 75th percentile of the readings' diameters (mm)."""
-        return _quartiles([r.diameter_mm for r in self.readings])
+        q1, q2, q3 = np.percentile(np.array([r.diameter_mm for r in self.readings], dtype=np.float64), [25, 50, 75])
+        return float(q1), float(q2), float(q3)
 
     def kind_shares(self) -> dict[str, float]:
         """The share of each type among the readings."""
         return kind_shares(self.readings)
-
-
-def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
-    q1, q2, q3 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
-    return float(q1), float(q2), float(q3)
 
 
 def kind_shares(items: Sequence[Reading]) -> dict[str, float]:

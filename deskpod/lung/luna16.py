@@ -33,7 +33,7 @@ import torch
 
 from deskpod.environment.files import replacing, write_json
 from deskpod.errors import ConfigError, DataError
-from deskpod.lung.images import Scan, read_scan, resample, voxel_to_world, world_to_voxel
+from deskpod.lung.images import Scan, read_scan, resample, world_to_voxel
 from deskpod.train.data import Batch
 
 HU_MIN, HU_MAX = -1024.0, 300.0
@@ -160,13 +160,12 @@ def cache_folder(root: Path, spacing: tuple[float, float, float], cache: str = "
 
 def prepare_volume(mhd: Path, spacing: tuple[float, float, float], out: Path) -> None:
     """Resample one scan and write it (``<uid>.npy`` + ``<uid>.json``) atomically into ``out``."""
-    scan = resample(read_scan(mhd), spacing)
-    hu = np.clip(np.rint(scan.hu), -32768, 32767).astype(np.int16).transpose(2, 1, 0)  # (z,y,x) -> (x,y,z)
+    vol = volume_of(read_scan(mhd), spacing)
     out.mkdir(parents=True, exist_ok=True)
     uid = mhd.stem
-    write_json(out / f"{uid}.json", {"spacing": scan.spacing, "origin": scan.origin, "direction": scan.direction})
+    write_json(out / f"{uid}.json", {"spacing": vol.spacing, "origin": vol.origin, "direction": vol.direction})
     with replacing(out / f"{uid}.npy") as f:  # the .npy last: its presence means the scan is ready
-        np.save(f, np.ascontiguousarray(hu))
+        np.save(f, vol.hu)
 
 
 def ensure_cache(layout: Layout, uids: Sequence[str], spacing: tuple[float, float, float], folder: Path,
@@ -193,9 +192,9 @@ def load_volume(folder: Path, uid: str) -> Volume:
 
 
 def volume_of(scan: Scan, spacing: tuple[float, float, float]) -> Volume:
-    """A scan in memory as a `Volume` at ``spacing`` (for inference)."""
+    """A scan as a `Volume` at ``spacing`` (for inference, and what the cache holds)."""
     s = resample(scan, spacing)
-    hu = np.clip(np.rint(s.hu), -32768, 32767).astype(np.int16).transpose(2, 1, 0)
+    hu = np.clip(np.rint(s.hu), -32768, 32767).astype(np.int16).transpose(2, 1, 0)  # (z,y,x) -> (x,y,z)
     return Volume(np.ascontiguousarray(hu), s.spacing, s.origin, s.direction)
 
 
@@ -203,10 +202,6 @@ def normalise(hu: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
     """HU to MONAI's [0, 1] input range (clipped at -1024 and 300 HU)."""
     out: npt.NDArray[np.float32] = (np.clip(hu.astype(np.float32), HU_MIN, HU_MAX) - HU_MIN) / (HU_MAX - HU_MIN)
     return out
-
-
-def voxel_to_world_of(volume: Volume, index_xyz: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    return voxel_to_world(volume.geometry(), index_xyz)
 
 
 # --------------------------------------------------------------------------- patches

@@ -41,7 +41,7 @@ import math
 import re
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import ConfigError
-from deskpod.lung.images import Scan
+from deskpod.lung.images import Scan, to_image
 from deskpod.lung.lidc import KINDS, Distribution, Reading, digest, locate, readings
 
 sitk: Any = importlib.import_module("SimpleITK")  # untyped: its calls are Any under mypy strict
@@ -268,15 +268,11 @@ def place_nodules(
                 if o.body_xyz
             ):
                 continue
-            placed.append(_with_body(spec, _t3(p)))
+            placed.append(replace(spec, body_xyz=_t3(p)))
             break
         else:
             raise ConfigError(f"a {spec.diameter_mm:.1f} mm nodule does not fit in this phantom's lungs")
     return placed
-
-
-def _with_body(spec: NoduleSpec, body: tuple[float, float, float]) -> NoduleSpec:
-    return NoduleSpec(spec.diameter_mm, spec.kind, spec.solid_mm, spec.spiculation, spec.malignancy, body)
 
 
 def make_scan(
@@ -386,10 +382,7 @@ def _draw_body(
         dz, np.abs(bz - np.float32((anatomy.ribs[0] + anatomy.ribs[-1]) / 2)) - (anatomy.ribs[-1] - anatomy.ribs[0]) / 2
     )
     band = _ramp(np.maximum(ring, dz - np.float32(anatomy.rib_mm / 2)), width)
-    hu = hu + band * (np.float32(RIB_HU) - hu)  # broadcast to (z, y, x) here at the latest
-    full = np.empty(shape, dtype=np.float32)
-    full[...] = hu
-    hu = full
+    hu = np.broadcast_to(hu + band * (np.float32(RIB_HU) - hu), shape).copy()  # (z, y, x) here at the latest
     for (cx, cy, cz), (ax, ay, az) in anatomy.lungs:
         semi = np.array([ax, ay, az])
         box = _box(_corners(np.array([cx, cy, cz]), semi + 2), pose, spacing, origin, shape)
@@ -431,9 +424,8 @@ def _box_body_points(
 ) -> F64:
     """Body coordinates of the voxel centres in ``box`` (``sub``³ sub-voxel samples each): shape (z, y, x, sub³, 3)."""
     offsets = (np.arange(sub) + 0.5) / sub - 0.5
-    ix = (np.arange(box[2].start, box[2].stop)[:, None] + offsets[None, :]) * spacing[0] + origin[0]
-    iy = (np.arange(box[1].start, box[1].stop)[:, None] + offsets[None, :]) * spacing[1] + origin[1]
-    iz = (np.arange(box[0].start, box[0].stop)[:, None] + offsets[None, :]) * spacing[2] + origin[2]
+    ix, iy, iz = ((np.arange(b.start, b.stop)[:, None] + offsets[None, :]) * s + o
+                  for b, s, o in zip(box[::-1], spacing, origin, strict=True))  # fmt: skip
     gz, gy, gx = len(iz), len(iy), len(ix)
     world = np.empty((gz, gy, gx, sub, sub, sub, 3), dtype=np.float64)
     world[..., 0] = ix[None, None, :, None, None, :]
@@ -441,10 +433,6 @@ def _box_body_points(
     world[..., 2] = iz[:, None, None, :, None, None]
     flat = pose.to_body(world.reshape(-1, 3))
     return flat.reshape(gz, gy, gx, sub**3, 3)
-
-
-def _cube(centre: F64, half: float) -> F64:
-    return _corners(centre, np.array([half, half, half]))
 
 
 def _corners(centre: F64, half: F64) -> F64:
@@ -458,7 +446,7 @@ def _draw_vessel(
     hu: F32, v: _Vessel, pose: Pose, spacing: tuple[float, float, float], origin: tuple[float, float, float]
 ) -> None:
     a, b = np.array(v.start), np.array(v.end)
-    corners = np.concatenate([_cube(a, v.r0 + 1), _cube(b, v.r0 + 1)])
+    corners = np.concatenate([_corners(a, np.full(3, v.r0 + 1)), _corners(b, np.full(3, v.r0 + 1))])
     box = _box(corners, pose, spacing, origin, hu.shape)
     if box is None:
         return
@@ -482,7 +470,7 @@ def _draw_nodule(
     assert spec.body_xyz is not None
     centre = np.array(spec.body_xyz)
     r = spec.diameter_mm / 2
-    box = _box(_cube(centre, r + 1), pose, spacing, origin, hu.shape)
+    box = _box(_corners(centre, np.full(3, r + 1)), pose, spacing, origin, hu.shape)
     if box is None:
         return
     points = _box_body_points(box, pose, spacing, origin, sub=3)
@@ -506,12 +494,7 @@ def max_diameter_mm(anatomy: Anatomy) -> float:
 
 def specs_from_readings(picked: Sequence[Reading]) -> list[NoduleSpec]:
     """Nodules to draw from LIDC readings: diameter, type (texture), spiculation and malignancy as read."""
-    return [
-        NoduleSpec(
-            diameter_mm=r.diameter_mm, kind=r.kind, spiculation=r.spiculation, malignancy=r.malignancy, body_xyz=None
-        )
-        for r in picked
-    ]
+    return [NoduleSpec(r.diameter_mm, r.kind, spiculation=r.spiculation, malignancy=r.malignancy) for r in picked]
 
 
 def series_uid(seed: int, index: int) -> str:
@@ -523,11 +506,7 @@ def series_uid(seed: int, index: int) -> str:
 def write_mhd(scan: Scan, path: Path) -> Path:
     """Write ``scan`` as ``path`` (.mhd) + its .raw, MET_SHORT (HU rounded, clipped to int16), uncompressed."""
     hu = np.clip(np.rint(scan.hu), -32768, 32767).astype(np.int16)
-    image = sitk.GetImageFromArray(hu)
-    image.SetSpacing(scan.spacing)
-    image.SetOrigin(scan.origin)
-    image.SetDirection(tuple(float(v) for row in scan.direction for v in row))
-    sitk.WriteImage(image, str(path), False)
+    sitk.WriteImage(to_image(hu, scan), str(path), False)
     return path
 
 

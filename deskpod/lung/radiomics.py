@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from deskpod.errors import ConfigError, RunError
-from deskpod.lung.images import Scan, to_image, voxel_to_world
+from deskpod.lung.images import Scan, crop, to_image
 
 PARAMS: Path = Path(__file__).with_name("radiomics.yaml")
 """deskpod's documented pyradiomics parameter file (shipped in the package)."""
@@ -137,18 +137,9 @@ def _around_mask(scan: Scan, mask: npt.NDArray[np.bool_], extractor: Any) -> tup
     pad = int(settings.get("padDistance", 5))
     margin = np.ceil(pad * np.maximum(grid, native) / native).astype(int) + _SPLINE_VOXELS
     where = np.argwhere(mask)
-    lo = np.maximum(where.min(axis=0) - margin, 0)
-    hi = np.minimum(where.max(axis=0) + 1 + margin, mask.shape)
-    box = tuple(slice(int(a), int(b)) for a, b in zip(lo, hi, strict=True))
-    corner = voxel_to_world(scan, [int(lo[2]), int(lo[1]), int(lo[0])])
-    cut = Scan(
-        hu=np.ascontiguousarray(scan.hu[box]),
-        spacing=scan.spacing,
-        origin=(float(corner[0]), float(corner[1]), float(corner[2])),
-        direction=scan.direction,
-        source=scan.source,
-    )
-    return cut, np.ascontiguousarray(mask[box])
+    lo = np.maximum(where.min(axis=0) - margin, 0).tolist()
+    hi = np.minimum(where.max(axis=0) + 1 + margin, mask.shape).tolist()
+    return crop(scan, lo, hi), np.ascontiguousarray(mask[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]])
 
 
 def _extractor(params: Path | Mapping[str, Any]) -> Any:

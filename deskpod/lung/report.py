@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -280,22 +280,8 @@ def _nodule_json(report: Report, f: Finding) -> dict[str, Any]:
             "prior_id": g.prior_id,
             "distance_mm": round(g.distance_mm, 1),
             "interval_days": g.interval_days,
-            "mean_diameter": {
-                "prior_mm": g.diameter.prior_mm,
-                "current_mm": g.diameter.current_mm,
-                "change_mm": g.diameter.increase_mm,
-                "status": g.diameter.status,
-                "reason": g.diameter.reason,
-            },
-            "solid_component": None
-            if g.solid is None
-            else {
-                "prior_mm": g.solid.prior_mm,
-                "current_mm": g.solid.current_mm,
-                "change_mm": g.solid.increase_mm,
-                "status": g.solid.status,
-                "reason": g.solid.reason,
-            },
+            "mean_diameter": _change_json(g.diameter),
+            "solid_component": None if g.solid is None else _change_json(g.solid),
             "prior_volume_mm3": round(g.prior_volume_mm3, 1),
             "volume_doubling_time_days": _num(g.volume_doubling_days, 1),
             "volume_doubling_time": _vdt_text(g.volume_doubling_days),
@@ -325,15 +311,15 @@ def _nodule_json(report: Report, f: Finding) -> dict[str, Any]:
         "malignancy": risk,
         "radiomics": None if f.radiomics is None else {k: _num(v) for k, v in f.radiomics.items()},
         "radiomics_note": f.radiomics_note or None,
-        "lung_rads": {
-            "category": f.lungrads.category,
-            "reason": f.lungrads.reason,
-            "follow_up": f.lungrads.follow_up,
-            "version": lungrads.VERSION,
-        },
+        "lung_rads": asdict(f.lungrads) | {"version": lungrads.VERSION},
         "growth": growth,
         "picture": f"nodule-{les.id}.png" if report.image is not None else None,
     }
+
+
+def _change_json(c: growth.DiameterChange) -> dict[str, Any]:
+    return {"prior_mm": c.prior_mm, "current_mm": c.current_mm, "change_mm": c.increase_mm, "status": c.status,
+            "reason": c.reason}  # fmt: skip
 
 
 def _solid_json(les: Any) -> dict[str, Any] | None:
@@ -403,14 +389,8 @@ def to_json(report: Report, *, pictures_s: float | None = None, overview: Path |
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "scan": _scan_json(report.scan),
         "detection": report.detection,
-        "patient": {
-            "age": report.patient.age,
-            "sex": report.patient.sex,
-            "family_history": report.patient.family_history,
-            "emphysema": report.patient.emphysema,
-            "note": "null: not given; the Brock model's stated default is used",
-        },
-        "exam": {"category": report.exam.category, "reason": report.exam.reason, "follow_up": report.exam.follow_up},
+        "patient": asdict(report.patient) | {"note": "null: not given; the Brock model's stated default is used"},
+        "exam": asdict(report.exam),
         "nodules": [_nodule_json(report, f) for f in report.findings],
         "prior": prior,
         "dropped_candidates": {
