@@ -129,32 +129,11 @@ class JobRecord:
 
 
 def _record(row: sqlite3.Row) -> JobRecord:
-    return JobRecord(
-        id=row["id"],
-        user=row["user"],
-        name=row["name"],
-        spec=stored_spec(json.loads(row["spec"])),
-        priority=row["priority"],
-        devices=row["devices"],
-        placement=row["placement"],
-        max_runtime=row["max_runtime"],
-        retries=row["retries"],
-        state=JobState(row["state"]),
-        reason=row["reason"],
-        attempt=row["attempt"],
-        failures=row["failures"],
-        assigned=tuple(int(x) for x in row["assigned"].split(",") if x),
-        port=row["port"],
-        pid=row["pid"],
-        pid_start=row["pid_start"],
-        exit_code=row["exit_code"],
-        stop_reason=row["stop_reason"],
-        stop_deadline=row["stop_deadline"],
-        submitted_at=row["submitted_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        external=row["external"],
-    )
+    """A ``jobs`` row as a `JobRecord`: each field from its column, the spec, state and devices decoded."""
+    values = {name: row[name] for name in JobRecord.__dataclass_fields__}
+    values.update(spec=stored_spec(json.loads(row["spec"])), state=JobState(row["state"]),
+                  assigned=tuple(int(x) for x in row["assigned"].split(",") if x))  # fmt: skip
+    return JobRecord(**values)
 
 
 MAX_ID_DIGITS = 18
