@@ -48,7 +48,7 @@ from deskpod.envs.definition import KINDS as ENV_KINDS
 from deskpod.errors import ConfigError
 from deskpod.jobs.kinds import KINDS as KIND_MODULES
 from deskpod.jobs.kinds.command import MAX_ARG_CHARS, NO_NUL
-from deskpod.jobs.kinds.fields import bad, integer, no_nulls, table, whole
+from deskpod.jobs.kinds.fields import absolute_path, bad, integer, no_nulls, table, whole
 from deskpod.train.runs import NAME_HELP, NAME_RE
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -256,7 +256,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
             raise bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
 
     workdir = data.get("workdir")
-    if workdir is not None and not _absolute_path(workdir):
+    if workdir is not None and not absolute_path(workdir):
         raise bad("workdir", workdir, 'expected an absolute path, e.g. workdir = "/home/me/project"')
 
     return JobSpec(
@@ -315,20 +315,15 @@ def _slurm(t: object) -> dict[str, Any]:
     if not isinstance(out["stage_data"], bool):
         raise bad("slurm.stage_data", out["stage_data"], "true or false")
     sc = out["scratch"]
-    if not _absolute_path(sc):
+    if not absolute_path(sc):
         raise bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
     ec = out.get("env_cache")
-    if ec is not None and not _absolute_path(ec):
+    if ec is not None and not absolute_path(ec):
         raise bad("slurm.env_cache", ec, 'an absolute path every node sees, e.g. env_cache = "/shared/deskpod-envs"')
     lim = out.get("scratch_limit_gb")
     if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int | float) or not 0 < lim <= 1e6):
         raise bad("slurm.scratch_limit_gb", lim, "gigabytes above 0, e.g. scratch_limit_gb = 500")
     return out
-
-
-def _absolute_path(v: object) -> bool:
-    """An absolute path a spec may name (`ABS_PATH`): a string from ``/``, without NUL, of at most 4096 characters."""
-    return isinstance(v, str) and v.startswith("/") and "\0" not in v and len(v) <= 4096
 
 
 def load_spec_file(path: Path) -> dict[str, Any]:
