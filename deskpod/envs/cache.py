@@ -231,8 +231,7 @@ class EnvCache:
             return out
         for entry in found:
             if ACCOUNT_RE.match(entry.name) and entry.is_dir(follow_symlinks=False):
-                out.append(EnvCache(self.root / USERS_DIR / entry.name, sources=self._sources,
-                                    installer=self.installer, account=entry.name))  # fmt: skip
+                out.append(EnvCache.for_account(self.root, entry.name, sources=self._sources, installer=self.installer))
         return out
 
     @property

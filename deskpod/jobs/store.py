@@ -266,16 +266,17 @@ class Store:
         return [_user(r) for r in rows]
 
     def user(self, name: str) -> User | None:
-        with self._lock:
-            r = self._db.execute("SELECT name, admin, os_user FROM users WHERE name = ?", (name,)).fetchone()
-        return None if r is None else _user(r)
+        return self._one_user("SELECT name, admin, os_user FROM users WHERE name = ?", name)
 
     def user_by_os_user(self, os_user: str) -> User | None:
         """The deskpod user an OS account maps to (its ``os_user``), for callers the kernel identified."""
+        return self._one_user(
+            "SELECT name, admin, os_user FROM users WHERE os_user = ? ORDER BY admin DESC, name LIMIT 1", os_user
+        )
+
+    def _one_user(self, sql: str, key: str) -> User | None:
         with self._lock:
-            r = self._db.execute(
-                "SELECT name, admin, os_user FROM users WHERE os_user = ? ORDER BY admin DESC, name LIMIT 1", (os_user,)
-            ).fetchone()
+            r = self._db.execute(sql, (key,)).fetchone()
         return None if r is None else _user(r)
 
     def set_os_user(self, user: str, os_user: str | None) -> None:
@@ -296,12 +297,10 @@ class Store:
             db.execute("INSERT INTO tokens VALUES (?, ?, ?)", (token_hash, user, time.time()))
 
     def user_by_token_hash(self, token_hash: str) -> User | None:
-        with self._lock:
-            r = self._db.execute(
-                "SELECT u.name, u.admin, u.os_user FROM tokens t JOIN users u ON u.name = t.user WHERE t.hash = ?",
-                (token_hash,),
-            ).fetchone()
-        return None if r is None else _user(r)
+        return self._one_user(
+            "SELECT u.name, u.admin, u.os_user FROM tokens t JOIN users u ON u.name = t.user WHERE t.hash = ?",
+            token_hash,
+        )
 
     # browser sessions (the dashboard) ----------------------------------------------------------
     def add_session(self, session_hash: str, user: str, csrf: str, now: float, expires: float) -> None:
