@@ -592,10 +592,7 @@ class JobGroup:
 
     def pids(self) -> set[int]:
         """The live processes in the group (zombies are not listed), in any hierarchy."""
-        out: set[int] = set()
-        for _, folder in self.folders:
-            out |= _pids_in(folder)
-        return out
+        return set().union(*(_pids_in(folder) for _, folder in self.folders))
 
     def kill(self, timeout: float = KILL_TIMEOUT_S) -> None:
         """End every process in the group with SIGKILL, also those that left the job's process group; return
