@@ -231,8 +231,7 @@ class EnvCache:
             return out
         for entry in found:
             if ACCOUNT_RE.match(entry.name) and entry.is_dir(follow_symlinks=False):
-                out.append(EnvCache(self.root / USERS_DIR / entry.name, sources=self._sources,
-                                    installer=self.installer, account=entry.name))  # fmt: skip
+                out.append(EnvCache.for_account(self.root, entry.name, sources=self._sources, installer=self.installer))
         return out
 
     @property
@@ -478,9 +477,7 @@ class EnvCache:
             return found
         fd = self.open_lock(key, replace_bad=True)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _try_flock(fd, fcntl.LOCK_EX):
                 _say(log, f"deskpod: environment {key[:KEY_DIR_CHARS]} is being built by another job; waiting for it")
                 fcntl.flock(fd, fcntl.LOCK_EX)
             found = self._ready(key)
@@ -601,16 +598,8 @@ class EnvCache:
         if defn.kind == "lock":
             assert defn.lock is not None
             (folder / "project" / "uv.lock").write_text(defn.lock.text)
-            sync = [
-                uv,
-                "sync",
-                "--frozen",
-                "--no-install-project",
-                "--project",
-                str(folder / "project"),
-                "--python",
-                py,
-            ]
+            project = str(folder / "project")
+            sync = [uv, "sync", "--frozen", "--no-install-project", "--project", project, "--python", py]
             return [venv, ("uv sync", sync, {**env, "UV_PROJECT_ENVIRONMENT": str(env_dir)}, folder)]
         requirements = folder / "requirements.txt"
         requirements.write_text(defn.requirements_text())
@@ -681,16 +670,10 @@ class EnvCache:
         if fd is None:
             return None
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _try_flock(fd, fcntl.LOCK_SH):
                 return "exclusive"
             fcntl.flock(fd, fcntl.LOCK_UN)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return "shared"
-            return None
+            return None if _try_flock(fd, fcntl.LOCK_EX) else "shared"
         finally:
             os.close(fd)
 
@@ -733,11 +716,9 @@ class EnvCache:
         tree = self.tree(entry.account)
         fd = tree.open_lock(entry.key, replace_bad=True)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not _try_flock(fd, fcntl.LOCK_EX):
                 raise ConflictError(f"environment {entry.key[:12]} is in use by a running job (or being built);"
-                                    " remove it when that is done") from None  # fmt: skip
+                                    " remove it when that is done")  # fmt: skip
             tree._delete(entry.folder.name)
         finally:
             os.close(fd)
@@ -794,11 +775,8 @@ class EnvCache:
                 except OSError:
                     continue  # the account keeps swapping its lock file
             try:
-                if fd is not None:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        continue  # in use, or being built
+                if fd is not None and not _try_flock(fd, fcntl.LOCK_EX):
+                    continue  # in use, or being built
                 if entry.state == "broken" and not bad_lock and tree._ready(entry.key) is not None:
                     continue  # rebuilt since we looked
                 if not dry_run:
@@ -909,6 +887,15 @@ def installer_cause(output: str) -> str:
         cause = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
     cause = " ".join(cause.split())
     return cause if len(cause) <= MAX_CAUSE_CHARS else cause[: MAX_CAUSE_CHARS - 3] + "..."
+
+
+def _try_flock(fd: int, operation: int) -> bool:
+    """``flock(fd, operation)`` without waiting: False when another holds the lock in a way that conflicts."""
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def _is_dir_at(dir_fd: int, name: str) -> bool:

@@ -163,11 +163,6 @@ class Usage:
         return tuple(out)
 
 
-def _read(path: Path) -> str:
-    with open(path) as f:
-        return f.read()
-
-
 def _write(path: Path, text: str) -> None:
     # One write(2) per value: a cgroup file takes one value per write.
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -244,7 +239,7 @@ def find_hierarchies(mountinfo: str, own: str, controllers: Sequence[str] = CONT
     v2_controllers: set[str] = set()
     if v2 is not None and "" in paths:
         with contextlib.suppress(OSError):
-            v2_controllers = set(_read(v2[1] / "cgroup.controllers").split())
+            v2_controllers = set((v2[1] / "cgroup.controllers").read_text().split())
     for c in controllers:
         v1 = next(((root, point) for version, cs, root, point in mounts if version == 1 and c in cs), None)
         if v1 is not None and c in paths:
@@ -310,7 +305,7 @@ def detect(pod: str, *, controllers: Sequence[str] = CONTROLLERS, proc_self: Pat
     if systemd is None:
         systemd = SYSTEMD_RUNNING.is_dir()
     try:
-        mountinfo, own = _read(proc_self / "mountinfo"), _read(proc_self / "cgroup")
+        mountinfo, own = (proc_self / "mountinfo").read_text(), (proc_self / "cgroup").read_text()
     except OSError as e:
         return Detection(None, f"cannot read this process's cgroups: {e.strerror or e}")
     try:
@@ -372,15 +367,15 @@ class PodCgroups:
         if "cpuset" in h.controllers:
             # A v1 cpuset starts empty, and a process cannot join an empty one: take the parent's.
             for name in ("cpuset.cpus", "cpuset.mems"):
-                if not _read(folder / name).strip():
+                if not (folder / name).read_text().strip():
                     try:
-                        _write(folder / name, _read(h.base / name).strip())
+                        _write(folder / name, (h.base / name).read_text().strip())
                     except OSError as e:
                         raise _explain(e, f"set {folder / name}") from None
 
     def _prepare_v2(self, h: Hierarchy) -> None:
         base, folder = h.base, self.folder(h)
-        offered = set(_read(base / "cgroup.controllers").split())
+        offered = set((base / "cgroup.controllers").read_text().split())
         missing = [c for c in h.controllers if c not in offered]
         if missing:
             raise _Unusable(
@@ -398,7 +393,7 @@ class PodCgroups:
         """Enable the pod's v2 controllers for ``cgroup``'s children; when the daemon is inside (v2 lets only
         leaves hold processes) move it into ``cgroup/deskpod-daemon`` first."""
         wanted = next(h.controllers for h in self.hierarchies if h.version == 2)
-        if set(wanted) <= set(_read(cgroup / "cgroup.subtree_control").split()):
+        if set(wanted) <= set((cgroup / "cgroup.subtree_control").read_text().split()):
             return
         text = " ".join(f"+{c}" for c in wanted)
         try:
@@ -471,7 +466,7 @@ class PodCgroups:
             if "cpuset" not in h.controllers:
                 continue
             name = "cpuset.cpus" if h.version == 1 else "cpuset.cpus.effective"
-            allowed = _cpus(_read(self.folder(h) / name))
+            allowed = _cpus((self.folder(h) / name).read_text())
             outside = [c for c in limits.cpus if c not in allowed]
             if outside:
                 raise ConfigError(
@@ -501,7 +496,7 @@ def _nodes_of(cpus: Iterable[int], node_dir: Path = NODE_DIR) -> set[int]:
             m = re.fullmatch(r"node(\d+)", entry.name)
             if m:
                 with contextlib.suppress(OSError, ValueError):
-                    if _cpus(_read(Path(entry.path) / "cpulist")) & wanted:
+                    if _cpus((Path(entry.path) / "cpulist").read_text()) & wanted:
                         out.add(int(m.group(1)))
     return out
 
@@ -518,14 +513,14 @@ def _configure(h: Hierarchy, folder: Path, limits: Limits) -> None:
     parent = folder.parent
     if "cpuset" in h.controllers:
         if h.version == 1:
-            parent_mems = _cpus(_read(parent / "cpuset.mems"))
-            cpus = limits.cpus if limits.cpus is not None else sorted(_cpus(_read(parent / "cpuset.cpus")))
+            parent_mems = _cpus((parent / "cpuset.mems").read_text())
+            cpus = limits.cpus if limits.cpus is not None else sorted(_cpus((parent / "cpuset.cpus").read_text()))
             mems = (_nodes_of(cpus) & parent_mems) or parent_mems
             _set(folder, "cpuset.cpus", format_cpu_list(cpus))
             _set(folder, "cpuset.mems", format_cpu_list(mems))
         elif limits.cpus is not None:  # v2: an empty cpuset means the parent's
             _set(folder, "cpuset.cpus", format_cpu_list(limits.cpus))
-            mems = _nodes_of(limits.cpus) & _cpus(_read(parent / "cpuset.mems.effective"))
+            mems = _nodes_of(limits.cpus) & _cpus((parent / "cpuset.mems.effective").read_text())
             if mems:
                 _set(folder, "cpuset.mems", format_cpu_list(mems))
     if "memory" in h.controllers and limits.memory_bytes is not None:
@@ -550,7 +545,7 @@ def _pids_in(folder: Path, *, deep: bool = True) -> set[int]:
     folders: Iterator[Path] = (Path(d) for d, _, _ in os.walk(folder)) if deep else iter([folder])
     for d in folders:
         with contextlib.suppress(FileNotFoundError):
-            out.update(int(p) for p in _read(d / "cgroup.procs").split())
+            out.update(int(p) for p in (d / "cgroup.procs").read_text().split())
     return out
 
 
@@ -562,7 +557,7 @@ def _list(items: Iterable[int]) -> str:
 
 def _number(path: Path) -> int | None:
     try:
-        text = _read(path).strip()
+        text = path.read_text().strip()
     except OSError:
         return None
     if text == "max" or not text.isdigit():
@@ -571,15 +566,12 @@ def _number(path: Path) -> int | None:
     return None if value >= _V1_UNLIMITED else value
 
 
+@dataclass(frozen=True, slots=True)
 class JobGroup:
     """One job's cgroup: a folder per hierarchy (one on cgroup v2)."""
 
-    def __init__(self, job_id: int, folders: tuple[tuple[Hierarchy, Path], ...]) -> None:
-        self.job_id = job_id
-        self.folders = folders
-
-    def __repr__(self) -> str:
-        return f"JobGroup({self.job_id}, {[str(f) for _, f in self.folders]})"
+    job_id: int
+    folders: tuple[tuple[Hierarchy, Path], ...]
 
     @property
     def procs_files(self) -> tuple[Path, ...]:
@@ -600,10 +592,7 @@ class JobGroup:
 
     def pids(self) -> set[int]:
         """The live processes in the group (zombies are not listed), in any hierarchy."""
-        out: set[int] = set()
-        for _, folder in self.folders:
-            out |= _pids_in(folder)
-        return out
+        return set().union(*(_pids_in(folder) for _, folder in self.folders))
 
     def kill(self, timeout: float = KILL_TIMEOUT_S) -> None:
         """End every process in the group with SIGKILL, also those that left the job's process group; return
@@ -656,7 +645,7 @@ class JobGroup:
         for h, folder in self.folders:
             if "cpuset" in h.controllers:
                 with contextlib.suppress(OSError):
-                    found = _cpus(_read(folder / "cpuset.cpus"))
+                    found = _cpus((folder / "cpuset.cpus").read_text())
                     cpus = tuple(sorted(found)) if found else None
             if "memory" in h.controllers:
                 memory = _number(folder / ("memory.max" if h.version == 2 else "memory.limit_in_bytes"))
@@ -673,16 +662,16 @@ class JobGroup:
                 with contextlib.suppress(OSError):
                     if h.version == 2:
                         current, peak = _number(folder / "memory.current"), _number(folder / "memory.peak")
-                        events = _keyed(_read(folder / "memory.events"))
+                        events = _keyed((folder / "memory.events").read_text())
                         hits, kills = events.get("max", 0), events.get("oom_kill", 0)
                     else:
                         current = _number(folder / "memory.usage_in_bytes")
                         peak = _number(folder / "memory.max_usage_in_bytes")
                         hits = _number(folder / "memory.failcnt") or 0
-                        kills = _keyed(_read(folder / "memory.oom_control")).get("oom_kill", 0)
+                        kills = _keyed((folder / "memory.oom_control").read_text()).get("oom_kill", 0)
             if "pids" in h.controllers:
                 tasks_now, tasks_peak = _number(folder / "pids.current"), _number(folder / "pids.peak")
                 with contextlib.suppress(OSError):
-                    refused = _keyed(_read(folder / "pids.events")).get("max", 0)
+                    refused = _keyed((folder / "pids.events").read_text()).get("max", 0)
         return Usage(limits=self.limits(), memory_current=current, memory_peak=peak, memory_limit_hits=hits,
                      oom_kills=kills, tasks_current=tasks_now, tasks_peak=tasks_peak, tasks_refused=refused)  # fmt: skip

@@ -404,10 +404,7 @@ def project_dependencies(pyproject: EnvFile) -> list[str]:
 
 def _lock_packages(text: str, name: str = "uv.lock") -> list[Mapping[str, Any]]:
     """The ``[[package]]`` entries of a uv.lock, checked to be one (``version`` and packages with names)."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{PREFIX}lock {name!r} does not parse: {e}") from e
+    data = _toml("lock", EnvFile(name, text))
     packages = data.get("package")
     if (
         not isinstance(data.get("version"), int)

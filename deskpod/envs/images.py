@@ -95,24 +95,15 @@ def image_argv(
     name = Path(runtime).name
     if not argv:
         raise ValueError("image_argv needs a command to run")
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown container runtime {runtime!r}; deskpod knows {', '.join(RUNTIMES)}")
+    mount = "--volume" if name == "podman" else "--mount"
+    shared = [arg for folder in writable for arg in (mount, f"{folder}:{folder}")]
+    names = [arg for key in sorted(env) for arg in ("--env", key)]
     if name == "podman":
-        out = [runtime, "run", "--rm", "--userns=keep-id", "--network=host", f"--shm-size={SHM_SIZE}",
-               "--workdir", str(workdir)]  # fmt: skip
-        for folder in writable:
-            out += ["--volume", f"{folder}:{folder}"]
-        for device in devices:
-            out += ["--device", device]
-        for key in sorted(env):
-            out += ["--env", key]
-        return [*out, image, *argv]
-    if name == "enroot":
-        out = [runtime, "start", "--rw"]
-        for folder in writable:
-            out += ["--mount", f"{folder}:{folder}"]
-        for device in devices:
-            if device.startswith("/dev/"):
-                out += ["--mount", f"{device}:{device}"]
-        for key in sorted(env):
-            out += ["--env", key]
-        return [*out, container_name(image), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(workdir), *argv]
-    raise ValueError(f"unknown container runtime {runtime!r}; deskpod knows {', '.join(RUNTIMES)}")
+        nodes = [arg for device in devices for arg in ("--device", device)]
+        return [runtime, "run", "--rm", "--userns=keep-id", "--network=host", f"--shm-size={SHM_SIZE}",
+                "--workdir", str(workdir), *shared, *nodes, *names, image, *argv]  # fmt: skip
+    nodes = [arg for device in devices if device.startswith("/dev/") for arg in ("--mount", f"{device}:{device}")]
+    return [runtime, "start", "--rw", *shared, *nodes, *names, container_name(image), "/bin/sh", "-c",
+            'cd "$0" && exec "$@"', str(workdir), *argv]  # fmt: skip

@@ -28,9 +28,8 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from deskpod.errors import RunError
 
@@ -119,46 +118,49 @@ def open_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | None 
     shown = _shown(folder, parts)
     fd = _start(folder)
     try:
-        for part in parts[:-1] if parts else []:
+        for part in parts[:-1]:
             nxt = _open_dir(part, fd, shown)
             os.close(fd)
             fd = nxt
-        if not parts:
-            if not directory:
-                raise RefusedFile(shown, "is a folder, not a file")
-            out, fd = fd, -1
-        else:
-            try:
-                out = os.open(parts[-1], _FILE_FLAGS | (os.O_DIRECTORY if directory else 0), dir_fd=fd)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise RefusedFile(shown, "is a symbolic link") from None
-                if e.errno == errno.ENOTDIR and directory:
-                    raise RefusedFile(shown, "is not a folder") from None
-                if e.errno == errno.ENXIO:  # a socket, or a device without its driver
-                    raise RefusedFile(shown, "is not a regular file") from None
-                raise
-        try:
-            st = os.fstat(out)
-            wanted = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-            if not wanted:
-                raise RefusedFile(shown, f"is {_kind(st.st_mode)}, not a {'folder' if directory else 'regular file'}")
-            check_owned(st, shown, owner)
-        except BaseException:
-            os.close(out)
-            raise
-        return out
+        if parts:
+            return _open_last(parts[-1], fd, shown, owner=owner, directory=directory)
+        if not directory:
+            raise RefusedFile(shown, "is a folder, not a file")
+        out, fd = fd, -1
+        return _checked(out, shown, owner=owner, directory=True)
     finally:
         if fd >= 0:
             os.close(fd)
 
 
-@contextlib.contextmanager
-def open_file_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | None = None) -> Iterator[IO[bytes]]:
-    """`open_beneath` as a binary file object for a ``with`` block."""
-    fd = open_beneath(folder, rel, owner=owner)
-    with os.fdopen(fd, "rb") as f:
-        yield f
+def _open_last(name: str, dir_fd: int, shown: str, *, owner: int | None, directory: bool) -> int:
+    """``name`` in the folder ``dir_fd``, opened read-only without following a link or blocking, then `_checked`."""
+    try:
+        out = os.open(name, _FILE_FLAGS | (os.O_DIRECTORY if directory else 0), dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RefusedFile(shown, "is a symbolic link") from None
+        if e.errno == errno.ENOTDIR and directory:
+            raise RefusedFile(shown, "is not a folder") from None
+        if e.errno == errno.ENXIO:  # a socket, or a device without its driver
+            raise RefusedFile(shown, "is not a regular file") from None
+        raise
+    return _checked(out, shown, owner=owner, directory=directory)
+
+
+def _checked(fd: int, shown: str, *, owner: int | None, directory: bool) -> int:
+    """``fd`` when it is a regular file (a folder with ``directory``) that `check_owned` lets through; else it is
+    closed and `RefusedFile` raised."""
+    try:
+        st = os.fstat(fd)
+        wanted = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
+        if not wanted:
+            raise RefusedFile(shown, f"is {_kind(st.st_mode)}, not a {'folder' if directory else 'regular file'}")
+        check_owned(st, shown, owner)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_beneath(folder: Folder, rel: str | PurePosixPath, *, owner: int | None = None,
@@ -271,29 +273,9 @@ def open_path(path: Path | str, *, directory: bool = False) -> int:
     with ``directory``). `RefusedFile` otherwise; `FileNotFoundError` and friends as ``open`` raises them."""
     fd, name, owner, shown = _walk(path)
     try:
-        try:
-            out = os.open(name, _FILE_FLAGS | (os.O_DIRECTORY if directory else 0), dir_fd=fd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise RefusedFile(shown, "is a symbolic link") from None
-            if e.errno == errno.ENOTDIR and directory:
-                raise RefusedFile(shown, "is not a folder") from None
-            if e.errno == errno.ENXIO:
-                raise RefusedFile(shown, "is not a regular file") from None
-            raise
+        return _open_last(name, fd, shown, owner=owner, directory=directory)
     finally:
         os.close(fd)
-    try:
-        st = os.fstat(out)
-        wanted = stat.S_ISDIR(st.st_mode) if directory else stat.S_ISREG(st.st_mode)
-        if not wanted:
-            raise RefusedFile(shown, f"is {_kind(st.st_mode)}, not a {'folder' if directory else 'regular file'}")
-        if not (directory and owner is None):
-            check_owned(st, shown, owner)
-    except BaseException:
-        os.close(out)
-        raise
-    return out
 
 
 def read_path(path: Path | str, *, offset: int = 0, limit: int | None = None) -> bytes:

@@ -373,22 +373,23 @@ def create_app(
         auth.require_admin(user)
         return {"users": [{"name": u.name, "admin": u.admin, "runs_as": runs_as(pod, u)} for u in store.users()]}
 
-    @app.post("/v1/users/{name}/revoke", tags=["users"], responses=errors(403, 404))
-    def revoke(name: str, user: Caller) -> dict[str, Any]:
-        """Revoke every token and dashboard session of a user: an admin for anyone, a user for themself."""
+    def existing_self_or_admin(name: str, user: User) -> None:
+        """Refuse a caller acting on user ``name`` unless it is that user or an admin, and a user that is not."""
         if name != user.name:
             auth.require_admin(user)
         if store.user(name) is None:
             raise NotFoundError(f"no user {name!r}")
+
+    @app.post("/v1/users/{name}/revoke", tags=["users"], responses=errors(403, 404))
+    def revoke(name: str, user: Caller) -> dict[str, Any]:
+        """Revoke every token and dashboard session of a user: an admin for anyone, a user for themself."""
+        existing_self_or_admin(name, user)
         return {"name": name, "revoked": store.revoke(name)}
 
     @app.post("/v1/users/{name}/tokens", status_code=201, tags=["users"], responses=errors(403, 404))
     def add_token(name: str, user: Caller) -> dict[str, Any]:
         """Another token for a user: an admin for anyone, a user for themself."""
-        if name != user.name:
-            auth.require_admin(user)
-        if store.user(name) is None:
-            raise NotFoundError(f"no user {name!r}")
+        existing_self_or_admin(name, user)
         return {"name": name, "token": auth.new_token(store, name)}
 
     @app.post(

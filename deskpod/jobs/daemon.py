@@ -58,14 +58,7 @@ def _bind(host: str, port: int) -> socket.socket:
     # Accepted connections inherit this on Linux: without it a response written in two pieces
     # (headers, body) waits out the client's delayed ACK, about 40 ms per request.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from e
-    sock.listen(512)
-    sock.set_inheritable(False)
-    return sock
+    return _listen(sock, (host, port), f"{host}:{port}", "--port")
 
 
 def _bind_unix(path: Path) -> socket.socket:
@@ -75,13 +68,19 @@ def _bind_unix(path: Path) -> socket.socket:
         if path.is_symlink() or not path.is_socket():
             raise UsageError(f"cannot listen on {path}: it exists and is not a socket; pick another --socket")
         path.unlink()  # a previous daemon's (the home's lock says none runs now)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = _listen(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), str(path), str(path), "--socket")
+    os.chmod(path, 0o666)
+    return sock
+
+
+def _listen(sock: socket.socket, address: str | tuple[str, int], shown: str, option: str) -> socket.socket:
+    """``sock`` bound to ``address`` and listening (not inherited by children); `UsageError` naming the ``option``
+    that picks another when it cannot bind."""
     try:
-        sock.bind(str(path))
+        sock.bind(address)
     except OSError as e:
         sock.close()
-        raise UsageError(f"cannot listen on {path}: {e.strerror}; pick another --socket") from e
-    os.chmod(path, 0o666)
+        raise UsageError(f"cannot listen on {shown}: {e.strerror}; pick another {option}") from e
     sock.listen(512)
     sock.set_inheritable(False)
     return sock

@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from deskpod.jobs.scheduler import Running, Waiting
+from deskpod.jobs.scheduler import Running, Waiting, expected_end, order_key
 
 HORIZON = 256
 """Queued jobs given an estimate, from the front; the cost is quadratic in it."""
@@ -43,7 +43,7 @@ class Forecast:
 
 def queue_order(waiting: Iterable[Waiting]) -> list[Waiting]:
     """The order the scheduler considers queued jobs in: higher priority first, then older first."""
-    return sorted(waiting, key=lambda j: (-j.priority, j.id))
+    return sorted(waiting, key=order_key)
 
 
 def forecast(
@@ -55,9 +55,7 @@ def forecast(
     times = [now]
     free = [device_count - sum(len(r.devices) for r in running)]
     for r in running:
-        end = r.stop_deadline if r.stop_deadline is not None else (
-            r.started_at + r.max_runtime if r.max_runtime is not None else math.inf
-        )  # fmt: skip
+        end = expected_end(r)
         if end < math.inf:
             _add(times, free, max(now, end), math.inf, -len(r.devices))
     start: dict[int, float | None] = {}

@@ -117,10 +117,7 @@ class LocalExecutor:
         return forecast(waiting, self._running(pod, now), self.device_count, now)
 
     def status(self, pod: PodSide) -> ExecutorStatus:
-        holders: dict[int, JobRecord] = {}
-        for j in pod.store.jobs(states=ACTIVE):
-            for d in j.assigned:
-                holders[d] = j
+        holders = {d: j for j in pod.store.jobs(states=ACTIVE) for d in j.assigned}
         devices: list[DeviceStatus] = []
         for d in range(self.device_count):
             h = holders.get(d)

@@ -120,7 +120,9 @@ class Plan:
     reserved: int | None = None
 
 
-def _end(r: Running) -> float:
+def expected_end(r: Running) -> float:
+    """When a running job frees its devices at the latest: its stop deadline, else its ``max_runtime`` from its
+    start; infinity for a job without a limit."""
     if r.stop_deadline is not None:
         return r.stop_deadline
     return math.inf if r.max_runtime is None else r.started_at + r.max_runtime
@@ -183,10 +185,10 @@ def _reserve(
     plan.reserved = job.id
     avail = len(free)
     shadow, extra = math.inf, max(0, avail - job.devices)
-    for r in sorted(running, key=_end):
+    for r in sorted(running, key=expected_end):
         avail += len(r.devices)
         if avail >= job.devices:
-            shadow, extra = _end(r), avail - job.devices
+            shadow, extra = expected_end(r), avail - job.devices
             break
     else:
         extra = max(0, avail - job.devices)

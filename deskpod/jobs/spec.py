@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.envs.definition import ENVIRONMENT_SCHEMA, IMAGE_RE, EnvDefinition, parse_environment
+from deskpod.envs.definition import KINDS as ENV_KINDS
 from deskpod.errors import ConfigError
 from deskpod.jobs.kinds import KINDS as KIND_MODULES
 from deskpod.jobs.kinds.command import MAX_ARG_CHARS, NO_NUL
-from deskpod.jobs.kinds.fields import bad, integer, no_nulls, table, whole
+from deskpod.jobs.kinds.fields import absolute_path, bad, integer, no_nulls, table, whole
 from deskpod.train.runs import NAME_HELP, NAME_RE
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -255,9 +256,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
             raise bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
 
     workdir = data.get("workdir")
-    if workdir is not None and (
-        not isinstance(workdir, str) or not workdir.startswith("/") or "\0" in workdir or len(workdir) > 4096
-    ):
+    if workdir is not None and not absolute_path(workdir):
         raise bad("workdir", workdir, 'expected an absolute path, e.g. workdir = "/home/me/project"')
 
     return JobSpec(
@@ -316,10 +315,10 @@ def _slurm(t: object) -> dict[str, Any]:
     if not isinstance(out["stage_data"], bool):
         raise bad("slurm.stage_data", out["stage_data"], "true or false")
     sc = out["scratch"]
-    if not isinstance(sc, str) or not sc.startswith("/") or "\0" in sc or len(sc) > 4096:
+    if not absolute_path(sc):
         raise bad("slurm.scratch", sc, 'an absolute path of node-local storage, e.g. scratch = "/local/scratch"')
     ec = out.get("env_cache")
-    if ec is not None and (not isinstance(ec, str) or not ec.startswith("/") or "\0" in ec or len(ec) > 4096):
+    if ec is not None and not absolute_path(ec):
         raise bad("slurm.env_cache", ec, 'an absolute path every node sees, e.g. env_cache = "/shared/deskpod-envs"')
     lim = out.get("scratch_limit_gb")
     if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int | float) or not 0 < lim <= 1e6):
@@ -358,14 +357,11 @@ server reads in full), so that what the document calls valid is."""
 def _env_schema() -> dict[str, Any]:
     """`ENVIRONMENT_SCHEMA` with what `parse_environment` also demands: exactly one kind (a lock with its
     pyproject), no python beside an image, an image reference's form, packages as ``name[==version]``."""
-    one_kind = [
-        {"required": ["packages"], "properties": {k: False for k in ("requirements", "lock", "pyproject", "image")}},
-        {"required": ["requirements"], "properties": {k: False for k in ("packages", "lock", "pyproject", "image")}},
-        {"required": ["lock", "pyproject"], "properties": {k: False for k in ("packages", "requirements", "image")}},
-        {"required": ["pyproject"], "properties": {k: False for k in ("packages", "requirements", "lock", "image")}},
-        {"required": ["image"], "properties": {k: False for k in ("packages", "requirements", "lock", "pyproject",
-                                                                  "python")}},
-    ]  # fmt: skip
+    one_kind = []
+    for kind in ENV_KINDS:
+        needs = ["lock", "pyproject"] if kind == "lock" else [kind]
+        others = [k for k in ENV_KINDS if k not in needs] + (["python"] if kind == "image" else [])
+        one_kind.append({"required": needs, "properties": {k: False for k in others}})
     props = dict(ENVIRONMENT_SCHEMA["properties"])
     props["packages"] = {**props["packages"], "items": {**props["packages"]["items"], "pattern": REQUIREMENT}}
     props["image"] = {**props["image"], "pattern": IMAGE_RE.pattern}

@@ -129,32 +129,11 @@ class JobRecord:
 
 
 def _record(row: sqlite3.Row) -> JobRecord:
-    return JobRecord(
-        id=row["id"],
-        user=row["user"],
-        name=row["name"],
-        spec=stored_spec(json.loads(row["spec"])),
-        priority=row["priority"],
-        devices=row["devices"],
-        placement=row["placement"],
-        max_runtime=row["max_runtime"],
-        retries=row["retries"],
-        state=JobState(row["state"]),
-        reason=row["reason"],
-        attempt=row["attempt"],
-        failures=row["failures"],
-        assigned=tuple(int(x) for x in row["assigned"].split(",") if x),
-        port=row["port"],
-        pid=row["pid"],
-        pid_start=row["pid_start"],
-        exit_code=row["exit_code"],
-        stop_reason=row["stop_reason"],
-        stop_deadline=row["stop_deadline"],
-        submitted_at=row["submitted_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        external=row["external"],
-    )
+    """A ``jobs`` row as a `JobRecord`: each field from its column, the spec, state and devices decoded."""
+    values = {name: row[name] for name in JobRecord.__dataclass_fields__}
+    values.update(spec=stored_spec(json.loads(row["spec"])), state=JobState(row["state"]),
+                  assigned=tuple(int(x) for x in row["assigned"].split(",") if x))  # fmt: skip
+    return JobRecord(**values)
 
 
 MAX_ID_DIGITS = 18
@@ -287,16 +266,17 @@ class Store:
         return [_user(r) for r in rows]
 
     def user(self, name: str) -> User | None:
-        with self._lock:
-            r = self._db.execute("SELECT name, admin, os_user FROM users WHERE name = ?", (name,)).fetchone()
-        return None if r is None else _user(r)
+        return self._one_user("SELECT name, admin, os_user FROM users WHERE name = ?", name)
 
     def user_by_os_user(self, os_user: str) -> User | None:
         """The deskpod user an OS account maps to (its ``os_user``), for callers the kernel identified."""
+        return self._one_user(
+            "SELECT name, admin, os_user FROM users WHERE os_user = ? ORDER BY admin DESC, name LIMIT 1", os_user
+        )
+
+    def _one_user(self, sql: str, key: str) -> User | None:
         with self._lock:
-            r = self._db.execute(
-                "SELECT name, admin, os_user FROM users WHERE os_user = ? ORDER BY admin DESC, name LIMIT 1", (os_user,)
-            ).fetchone()
+            r = self._db.execute(sql, (key,)).fetchone()
         return None if r is None else _user(r)
 
     def set_os_user(self, user: str, os_user: str | None) -> None:
@@ -317,12 +297,10 @@ class Store:
             db.execute("INSERT INTO tokens VALUES (?, ?, ?)", (token_hash, user, time.time()))
 
     def user_by_token_hash(self, token_hash: str) -> User | None:
-        with self._lock:
-            r = self._db.execute(
-                "SELECT u.name, u.admin, u.os_user FROM tokens t JOIN users u ON u.name = t.user WHERE t.hash = ?",
-                (token_hash,),
-            ).fetchone()
-        return None if r is None else _user(r)
+        return self._one_user(
+            "SELECT u.name, u.admin, u.os_user FROM tokens t JOIN users u ON u.name = t.user WHERE t.hash = ?",
+            token_hash,
+        )
 
     # browser sessions (the dashboard) ----------------------------------------------------------
     def add_session(self, session_hash: str, user: str, csrf: str, now: float, expires: float) -> None:

@@ -96,9 +96,7 @@ def signal_group(pid: int, started: int | None, sig: int) -> bool:
         return False
     try:
         os.killpg(pid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from deskpod.errors import ConfigError
 
@@ -18,6 +18,11 @@ def bad(key: str, value: object, valid: str) -> ConfigError:
 def whole(v: object) -> object:
     """A JSON number with a whole value as an int: JSON (and the API's schema) cannot tell ``2.0`` from ``2``."""
     return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def absolute_path(v: object) -> TypeGuard[str]:
+    """An absolute path a spec may name: a string from ``/``, without NUL, of at most 4096 characters."""
+    return isinstance(v, str) and v.startswith("/") and "\0" not in v and len(v) <= 4096
 
 
 def integer(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int, prefix: str = "") -> int:

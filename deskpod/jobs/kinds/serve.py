@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from deskpod.environment.files import write_json
 from deskpod.errors import ConflictError, UsageError
-from deskpod.jobs.kinds.fields import bad, flag, integer, table
+from deskpod.jobs.kinds.fields import absolute_path, bad, flag, integer, table
 from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def parse(t: object) -> dict[str, Any]:
     """The ``[serve]`` table, checked, with its defaults filled in."""
     t = table(t, "serve", FIELDS, 'expected a table with run = "/abs/path/runs/NAME"')
     run = t.get("run")
-    if not isinstance(run, str) or not run.startswith("/") or "\0" in run or len(run) > 4096:
+    if not absolute_path(run):
         raise bad("serve.run", run, 'expected the absolute path of a run folder, e.g. run = "/home/me/runs/my-run"')
     model = t.get("model", model_name(run) or "model")
     if not isinstance(model, str) or not NAME_RE.match(model):
