@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -136,13 +137,16 @@ class DlibHogFace:
     label = "face"
 
     def __init__(self, upsample_below: int = 400, min_score: float = 0.0) -> None:
-        self._detector = dlib.get_frontal_face_detector()
+        self._local = threading.local()  # dlib's detector keeps scratch state: one per thread (shared, it crashes)
         self.upsample_below = upsample_below
         self.min_score = min_score
 
     def _one(self, frame: np.ndarray) -> list[Detection]:
         rgb = np.ascontiguousarray(frame[:, :, ::-1])
-        rects, scores, _ = self._detector.run(rgb, 1 if frame.shape[1] < self.upsample_below else 0, self.min_score)
+        detector = getattr(self._local, "detector", None)
+        if detector is None:
+            detector = self._local.detector = dlib.get_frontal_face_detector()
+        rects, scores, _ = detector.run(rgb, 1 if frame.shape[1] < self.upsample_below else 0, self.min_score)
         return [Detection(_rect_box(r, frame.shape), float(s), "face") for r, s in zip(rects, scores, strict=True)]
 
     def detect(self, frames: Sequence[np.ndarray]) -> list[list[Detection]]:
