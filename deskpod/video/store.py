@@ -6,7 +6,8 @@ Tables:
   whose detections are committed), state (``indexing``, ``done``, ``failed``) and the error that stopped it.
 - ``tracks``: one row per track: stream, label, ``start``/``end`` (seconds, as `sources.Frame.pts`), ``boxes``
   (JSON ``[[t, x1, y1, x2, y2, score], ...]``), the best thumbnail's file, the face embedding (128 float32,
-  unit length) and ``open`` (1 while the indexer may still extend it).
+  unit length), ``open`` (1 while the indexer may still extend it) and ``indexed`` (1 once its face is in the
+  face index beside the database, `search.sync_index`).
 
 A batch is committed in one transaction: the tracks it created or extended, and each stream's ``last_pts``. An
 indexer killed at any point therefore leaves the database as of its last commit; a restart (`Store.resume`)
@@ -46,7 +47,8 @@ CREATE TABLE IF NOT EXISTS tracks (
     boxes TEXT NOT NULL,
     thumbnail TEXT NOT NULL DEFAULT '',
     embedding BLOB,
-    open INTEGER NOT NULL DEFAULT 1
+    open INTEGER NOT NULL DEFAULT 1,
+    indexed INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS tracks_stream_time ON tracks(stream, start, end);
 """
