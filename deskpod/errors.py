@@ -123,9 +123,10 @@ class MissingExtra(UsageError):
 EXTRAS = {
     "serve": ("onnxruntime", "onnx", "tritonclient.grpc"),
     "lung": ("SimpleITK", "pydicom", "monai", "radiomics", "scipy"),
-    "video": ("av", "cv2", "dlib", "face_recognition_models", "faiss", "trackers"),
+    "video": ("av", "cv2", "dlib", "_dlib_pybind11", "face_recognition_models", "faiss", "trackers", "supervision"),
 }
-"""Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install."""
+"""Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install (dlib-bin's wheel
+declares only its compiled ``_dlib_pybind11`` as its top level, so that names it; ``dlib`` is what the code imports)."""
 
 
 def require_extra(extra: str, what: str, error: type[UsageError] = MissingExtra) -> None:
