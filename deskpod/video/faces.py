@@ -61,7 +61,13 @@ def read_image(path: Path) -> np.ndarray:
 def embed_photo(path: Path, embedder: FaceEmbedder | None = None) -> np.ndarray:
     """The unit face vector of a photo of exactly one face; `DataError` for no face or several."""
     image = read_image(path)
-    faces = DlibHogFace(upsample_below=10**6).detect([image])[0]  # upsample once: a photo's face may be small
+    # Upsampled once: a face in a photo may be small. A find scoring under a quarter of the best one is a pattern,
+    # not a second face (astronaut.png: her face 1.16, a patch on her suit 0.12; carphone's low-resolution face
+    # alone scores ~0.4, so no fixed margin serves both).
+    faces = DlibHogFace(upsample_below=10**6).detect([image])[0]
+    if faces:
+        best = max(f.score for f in faces)
+        faces = [f for f in faces if f.score >= 0.25 * best]
     if not faces:
         raise DataError(f"{path}: no face found (give a photo with one face, frontal, at least ~40 px across)")
     if len(faces) > 1:

@@ -127,18 +127,21 @@ def index(
     stages = dict.fromkeys(("detect", "track", "embed", "commit"), 0.0)
     started = time.monotonic()
 
+    live_stop = threading.Event()  # set at live_for_s, or with stop: the live sources' end (files run to theirs)
+
     def feed(source: Source, after: float | None) -> None:
         error = ""
+        halt = live_stop if source.live else stop
         try:
             for frame in read(source, config.fps, after=after, threads=config.threads, backoff=config.backoff,
-                              stop=stop, on_event=say):  # fmt: skip
-                while not stop.is_set():
+                              stop=halt, on_event=say):  # fmt: skip
+                while not halt.is_set():
                     try:
                         inbox.put(frame, timeout=0.5)
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                if halt.is_set():
                     break
         except StreamError as e:
             error = str(e)
@@ -157,15 +160,17 @@ def index(
     for t in feeders:
         t.start()
     if config.live_for_s is not None and any(s.live for s in sources):
-        timer = threading.Timer(config.live_for_s, stop.set)
+        timer = threading.Timer(config.live_for_s, live_stop.set)
         timer.daemon = True
         timer.start()
 
     running = {s.name for s in sources}
     batches = 0
+    threading.Thread(target=lambda: (stop.wait(), live_stop.set()), daemon=True).start()
     try:
         while running:
             batch: list[Frame] = []
+            finished: list[tuple[str, str]] = []
             deadline: float | None = None
             while len(batch) < config.batch and running:
                 timeout = 0.5 if deadline is None else max(0.0, deadline - time.monotonic())
@@ -175,10 +180,10 @@ def index(
                     if deadline is not None:
                         break
                     continue
-                if isinstance(item, tuple):
+                if isinstance(item, tuple):  # closed after this batch, which may hold its last frames
                     _, name, error = item
                     running.discard(name)
-                    _close_stream(store, active, name, error, stats[name], say)
+                    finished.append((name, error))
                     continue
                 batch.append(item)
                 if deadline is None:
@@ -186,8 +191,11 @@ def index(
             if batch:
                 _run_batch(batch, detectors, labels, embedder, trackers, active, store, stats, config, stages)
                 batches += 1
+            for name, error in finished:
+                _close_stream(store, active, name, error, stats[name], say)
     finally:
         stop.set()
+        live_stop.set()
         store.close()
     return IndexReport(list(stats.values()), batches, time.monotonic() - started, stages)
 
