@@ -37,14 +37,15 @@ class FaceEmbedder:
         shapes = dlib.full_object_detections()
         for x1, y1, x2, y2 in boxes:
             shapes.append(self._shape(rgb, dlib.rectangle(int(x1), int(y1), int(x2), int(y2))))
-        vectors = np.asarray(self._net.compute_face_descriptor(rgb, shapes), dtype=np.float32).reshape(-1, DIM)
-        return normalise(vectors)
+        vectors: np.ndarray = np.asarray(self._net.compute_face_descriptor(rgb, shapes), dtype=np.float32)
+        return normalise(vectors.reshape(-1, DIM))
 
 
 def normalise(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (float32)."""
     v = np.asarray(vectors, dtype=np.float32)
-    return (v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+    out: np.ndarray = (v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+    return out
 
 
 def read_image(path: Path) -> np.ndarray:
@@ -73,4 +74,5 @@ def embed_photo(path: Path, embedder: FaceEmbedder | None = None) -> np.ndarray:
     if len(faces) > 1:
         where = ", ".join(f"({int(f.box[0])},{int(f.box[1])})-({int(f.box[2])},{int(f.box[3])})" for f in faces)
         raise DataError(f"{path}: {len(faces)} faces found at {where}; crop the photo to the one face to search for")
-    return (embedder or FaceEmbedder()).embed(image, [faces[0].box])[0]
+    vector: np.ndarray = (embedder or FaceEmbedder()).embed(image, [faces[0].box])[0]
+    return vector

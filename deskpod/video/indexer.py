@@ -50,7 +50,7 @@ class IndexConfig:
     live_for_s: float | None = None
     """Stop live sources after this many seconds (None: run until interrupted or until the files are done
     and ``stop`` is set)."""
-    backoff: Backoff = Backoff()
+    backoff: Backoff = dataclasses.field(default_factory=Backoff)
     """Reconnection of live sources."""
 
 
@@ -108,7 +108,7 @@ _DONE = "done"
 def index(
     sources: Sequence[Source],
     db: Path,
-    config: IndexConfig = IndexConfig(),  # noqa: B008 (frozen)
+    config: IndexConfig = IndexConfig(),
     *,
     stop: threading.Event | None = None,
     on_event: Callable[[str], None] | None = None,
@@ -155,7 +155,9 @@ def index(
         stats[s.name].resumed_from = after
         if after is not None and not s.live:
             say(f"{s.name}: resuming after {after:.2f} s")
-        t = threading.Thread(target=feed, args=(s, None if s.live else after), name=f"deskpod-read-{s.name}", daemon=True)
+        t = threading.Thread(
+            target=feed, args=(s, None if s.live else after), name=f"deskpod-read-{s.name}", daemon=True
+        )
         feeders.append(t)
     for t in feeders:
         t.start()
@@ -166,7 +168,12 @@ def index(
 
     running = {s.name for s in sources}
     batches = 0
-    threading.Thread(target=lambda: (stop.wait(), live_stop.set()), daemon=True).start()
+
+    def end_live_with_stop() -> None:
+        stop.wait()
+        live_stop.set()
+
+    threading.Thread(target=end_live_with_stop, daemon=True).start()
     try:
         while running:
             batch: list[Frame] = []
@@ -269,8 +276,8 @@ def _run_batch(
         for frame, tr, det in to_embed:
             by_frame.setdefault(id(frame), []).append((tr, det))
             frames[id(frame)] = frame
-        for key, items in by_frame.items():
-            vectors = embedder.embed(frames[key].image, [d.box for _, d in items])
+        for fid, items in by_frame.items():
+            vectors = embedder.embed(frames[fid].image, [d.box for _, d in items])
             for (tr, _), v in zip(items, vectors, strict=True):
                 tr.vectors.append(v)
                 tr.row.embedding = normalise(np.mean(tr.vectors, axis=0))
