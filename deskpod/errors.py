@@ -16,7 +16,8 @@ The tree::
     └── RunError                 a failure while doing valid work (CLI exit 1, HTTP 5xx)
         ├── CheckpointError      a checkpoint that is missing, corrupt, or from another model
         ├── WorkerError          a worker process failed and retries are exhausted; carries the root cause
-        └── ServiceError         the pod service is unreachable or failed (HTTP 5xx)
+        ├── ServiceError         the pod service is unreachable or failed (HTTP 5xx)
+        └── StreamError          a video source that cannot be read: a corrupt file, a dead or refused URL
 
 The CLI catches `DeskpodError` once, at the top, and prints ``deskpod: <message>`` on stderr.
 """
@@ -103,6 +104,18 @@ class ServiceError(RunError):
     """The pod service could not be reached, or failed while doing valid work (HTTP 5xx)."""
 
 
+class StreamError(RunError):
+    """A video source that cannot be opened or decoded (a corrupt file, a URL that refuses or never answers).
+
+    It stops that source only: an indexer of many sources reports it for that one and goes on with the others.
+    ``stream`` names the source.
+    """
+
+    def __init__(self, message: str, stream: str = "") -> None:
+        super().__init__(message)
+        self.stream = stream
+
+
 class MissingExtra(UsageError):
     """A feature whose optional libraries (an extra of pyproject.toml) are not installed; says which to install."""
 
@@ -110,8 +123,10 @@ class MissingExtra(UsageError):
 EXTRAS = {
     "serve": ("onnxruntime", "onnx", "tritonclient.grpc"),
     "lung": ("SimpleITK", "pydicom", "monai", "radiomics", "scipy"),
+    "video": ("av", "cv2", "dlib", "_dlib_pybind11", "face_recognition_models", "faiss", "trackers", "supervision"),
 }
-"""Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install."""
+"""Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install (dlib-bin's wheel
+declares only its compiled ``_dlib_pybind11`` as its top level, so that names it; ``dlib`` is what the code imports)."""
 
 
 def require_extra(extra: str, what: str, error: type[UsageError] = MissingExtra) -> None:

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "deskpod.cli.cluster",
     "deskpod.cli.env",
     "deskpod.cli.lung",
+    "deskpod.cli.video",
 )
 
 
