@@ -85,11 +85,14 @@ class Region:
 
     points: tuple[tuple[float, float], ...]
     """Its corners, in order (at least three; the last joins the first)."""
+    _contour: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_contour", np.asarray(self.points, dtype=np.float32).reshape(-1, 1, 2))
 
     def contains(self, x: float, y: float) -> bool:
         """Whether (x, y) is inside or on the border (OpenCV's pointPolygonTest)."""
-        contour = np.asarray(self.points, dtype=np.float32).reshape(-1, 1, 2)
-        return cv2.pointPolygonTest(contour, (float(x), float(y)), False) >= 0
+        return cv2.pointPolygonTest(self._contour, (float(x), float(y)), False) >= 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
