@@ -12,6 +12,7 @@ earlier run into the same DB committed. docs/video.md is the guide.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import threading
@@ -172,15 +173,8 @@ def run_watch(args: argparse.Namespace) -> int:
     webhook = Webhook(args.webhook) if args.webhook else None
     rules = load_rules(Path(args.rules))
     stop = threading.Event()
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_term)
-
-    def say(line: str) -> None:
-        print(f"deskpod: {line}", file=sys.stderr, flush=True)
-
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())  # stop after this poll, deliver, exit
+    say = functools.partial(print, "deskpod:", file=sys.stderr, flush=True)
     say(f"watching {args.db} with {len(rules)} rule{'s' if len(rules) > 1 else ''}: "
         + ", ".join(f"{r.name} ({r.kind})" for r in rules))  # fmt: skip
     report = watch(Path(args.db), rules, webhook=webhook, poll_s=args.poll, history=args.history, once=args.once,

@@ -96,12 +96,17 @@ class Region:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class FaceRule:
-    """A face from a watch list appears."""
-
+class _Rule:
     name: str
+    """Its name: alerts and the watcher's position are stored by it."""
     streams: tuple[str, ...] = ()
     """Only these streams (empty: every stream)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FaceRule(_Rule):
+    """A face from a watch list appears."""
+
     photos: tuple[Path, ...]
     """The watch list: one face per photo."""
     threshold: float
@@ -112,7 +117,7 @@ class FaceRule:
     kind = "face"
 
     def judge(self, track: TrackRow) -> Hit | None:
-        if track.embedding is None or not _watched(self, track):
+        if track.embedding is None or (self.streams and track.stream not in self.streams):
             return None
         sims = self.vectors @ np.asarray(track.embedding, dtype=np.float32)
         best = int(np.argmax(sims))
@@ -122,73 +127,54 @@ class FaceRule:
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class EnterRule:
-    """A track of ``label`` enters a region."""
-
-    name: str
-    streams: tuple[str, ...] = ()
-    """Only these streams (empty: every stream)."""
+class _RegionRule(_Rule):
     region: Region
     label: str = "person"
     """Tracks of this label only."""
     anchor: str = "bottom"
     """The box's point that must be inside: "bottom" (bottom-centre: a person's feet) or "center"."""
+
+    def inside(self, track: TrackRow) -> list[tuple[float, float, float, bool]]:
+        """(t, x, y, inside) of the anchor of each box, in time order; none for a track this rule does not watch."""
+        if track.label != self.label or (self.streams and track.stream not in self.streams):
+            return []
+        out = []
+        for t, x1, y1, x2, y2, _score in sorted(track.boxes, key=lambda b: b[0]):
+            x, y = (x1 + x2) / 2, y2 if self.anchor == "bottom" else (y1 + y2) / 2
+            out.append((t, x, y, self.region.contains(x, y)))
+        return out
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class EnterRule(_RegionRule):
+    """A track of ``label`` enters a region."""
 
     kind = "enter"
 
     def judge(self, track: TrackRow) -> Hit | None:
-        if track.label != self.label or not _watched(self, track):
-            return None
-        for t, x, y in _points(track, self.anchor):
-            if self.region.contains(x, y):
-                return Hit(t, {"x": round(x, 1), "y": round(y, 1)})
-        return None
+        first = next((p for p in self.inside(track) if p[3]), None)
+        return None if first is None else Hit(first[0], {"x": round(first[1], 1), "y": round(first[2], 1)})
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class LoiterRule:
+class LoiterRule(_RegionRule):
     """A track of ``label`` stays inside a region at least ``seconds``."""
 
-    name: str
-    streams: tuple[str, ...] = ()
-    """Only these streams (empty: every stream)."""
-    region: Region
     seconds: float
     """Stream time it must stay inside, box after box."""
-    label: str = "person"
-    """Tracks of this label only."""
-    anchor: str = "bottom"
-    """The box's point that must be inside: "bottom" (bottom-centre: a person's feet) or "center"."""
 
     kind = "loiter"
 
     def judge(self, track: TrackRow) -> Hit | None:
-        if track.label != self.label or not _watched(self, track):
-            return None
         since: float | None = None
-        for t, x, y in _points(track, self.anchor):
-            if not self.region.contains(x, y):
-                since = None
-                continue
-            since = t if since is None else since
-            if t - since >= self.seconds:
-                return Hit(t, {"entered": round(since, 3), "seconds": round(t - since, 3)})
+        for t, _x, _y, inside in self.inside(track):
+            since = (since if since is not None else t) if inside else None
+            if since is not None and t - since >= self.seconds:
+                return Hit(t, {"entered": since, "seconds": round(t - since, 3)})
         return None
 
 
 Rule = FaceRule | EnterRule | LoiterRule
-
-
-def _watched(rule: Rule, track: TrackRow) -> bool:
-    return not rule.streams or track.stream in rule.streams
-
-
-def _points(track: TrackRow, anchor: str) -> list[tuple[float, float, float]]:
-    """(t, x, y) of the anchor of each box, in time order."""
-    out = []
-    for t, x1, y1, x2, y2, _score in sorted(track.boxes, key=lambda b: b[0]):
-        out.append((t, (x1 + x2) / 2, y2 if anchor == "bottom" else (y1 + y2) / 2))
-    return out
 
 
 # --- parsing
