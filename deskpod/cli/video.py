@@ -2,6 +2,8 @@
 
 deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...]   people and faces, tracked, into DB
 deskpod video search --face PHOTO --db DB [--top K] [--since T] [--until T] [--stream S] [--export DIR]
+deskpod video watch --db DB --rules RULES [--webhook URL]          live alerts while DB is indexed
+deskpod video alerts --db DB                                        the alerts raised, with their delivery
 
 A SOURCE is a video file, a folder of them, or a live URL (rtsp://, http(s)://). Indexing resumes where an
 earlier run into the same DB committed. docs/video.md is the guide.
@@ -10,9 +12,11 @@ earlier run into the same DB committed. docs/video.md is the guide.
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 
 
@@ -63,6 +67,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--export", metavar="DIR", help="write a contact sheet (JPEG) per matching track into DIR")
     s.add_argument("--json", action="store_true", help="print the results as JSON")
     s.set_defaults(func=run_search)
+
+    w = video.add_parser(
+        "watch",
+        help="live alerts while DB is indexed: a watch-list face, a person entering or loitering in a region",
+        description="Follow DB while an indexer writes it (this or another process), judge each new or grown track "
+        "by the rules in RULES (TOML [[rule]] tables: kind = face, enter or loiter; docs/video.md), and raise each "
+        "alert once: stored in DB, printed, and POSTed as JSON to --webhook. A restart goes on where it stopped.",
+    )
+    w.add_argument("--db", required=True, metavar="DB", help="the index database (made when missing)")
+    w.add_argument("--rules", required=True, metavar="RULES", help="the rules file (TOML)")
+    w.add_argument("--webhook", metavar="URL", help="POST each alert as JSON to this http(s) URL")
+    w.add_argument("--poll", type=float, default=1.0, metavar="S", help="seconds between looks at DB (default 1)")
+    w.add_argument("--history", action="store_true",
+                   help="a rule new to DB judges the tracks already there too (default: from those open now on)")  # fmt: skip
+    w.add_argument("--once", action="store_true", help="judge what is new once, deliver, and exit")
+    w.set_defaults(func=run_watch)
+
+    a = video.add_parser(
+        "alerts",
+        help="the alerts raised on DB, newest first, with their delivery",
+        description="List the alerts `deskpod video watch` raised on DB, newest first: rule, kind, stream, track, "
+        "stream time, what fired it, and its webhook delivery (none, pending, sent, failed and why).",
+    )
+    a.add_argument("--db", required=True, metavar="DB", help="the index database")
+    a.add_argument("--limit", type=int, default=50, metavar="N", help="at most N alerts (default 50)")
+    a.add_argument("--since-id", type=int, default=0, metavar="ID", help="only alerts after this id")
+    a.add_argument("--json", action="store_true", help="print the alerts as JSON")
+    a.set_defaults(func=run_alerts)
 
 
 def run_index(args: argparse.Namespace) -> int:
@@ -125,4 +157,52 @@ def run_search(args: argparse.Namespace) -> int:
             print(f"{m.track:>6} {m.similarity:>10.3f} {m.start:>9.2f} {m.end:>9.2f}  {m.stream}  {m.thumbnail or ''}")
     for path in sheets:
         print(f"wrote {path}")
+    return 0
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deskpod.errors import ConfigError
+    from deskpod.video.alerts import Webhook
+    from deskpod.video.rules import load_rules
+    from deskpod.video.watch import watch
+
+    if args.poll <= 0:
+        raise ConfigError(f"--poll {args.poll}: give a positive number of seconds, e.g. 1")
+    webhook = Webhook(args.webhook) if args.webhook else None
+    rules = load_rules(Path(args.rules))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())  # stop after this poll, deliver, exit
+    say = functools.partial(print, "deskpod:", file=sys.stderr, flush=True)
+    say(f"watching {args.db} with {len(rules)} rule{'s' if len(rules) > 1 else ''}: "
+        + ", ".join(f"{r.name} ({r.kind})" for r in rules))  # fmt: skip
+    report = watch(Path(args.db), rules, webhook=webhook, poll_s=args.poll, history=args.history, once=args.once,
+                   stop=stop, on_alert=lambda a: print(a.line(), flush=True), on_event=say)  # fmt: skip
+    delivered = f", {report.sent} sent, {report.failed} failed" if webhook else ""
+    say(f"{report.alerts} alerts from {report.tracks_judged} track versions in {report.polls} polls{delivered}")
+    return 1 if report.failed else 0
+
+
+def run_alerts(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from deskpod.video.alerts import recent_alerts
+
+    alerts = recent_alerts(Path(args.db), args.since_id, args.limit)
+    if args.json:
+        print(json.dumps([a.to_json() for a in alerts], indent=2))
+    elif not alerts:
+        print("no alerts")
+    else:
+        print(
+            f"{'id':>5} {'raised':<19} {'rule':<20} {'kind':<6} {'track':>6} {'at s':>9}  {'delivery':<8} stream / why"
+        )
+        for a in alerts:
+            raised = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.created))
+            why = ", ".join(f"{k} {v}" for k, v in a.detail.items())
+            state = a.state + (f" ({a.error})" if a.error else "")
+            print(f"{a.id:>5} {raised:<19} {a.rule[:20]:<20} {a.kind:<6} {a.track:>6} {a.t:>9.2f}  {state:<8} "
+                  f"{a.stream}: {why}")  # fmt: skip
     return 0
