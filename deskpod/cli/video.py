@@ -169,8 +169,12 @@ def run_crops(args: argparse.Namespace) -> int:
     classes = tuple(c.strip() for c in args.classes.split(",")) if args.classes else ()
     config = CropConfig(label=args.label, min_size=args.min_size, per_track=args.per_track, classes=classes)
     r = write_crops(Path(args.db), Path(args.out), config)
-    print(f"{r.written} crops of {r.tracks} tracks written to {r.unsorted} ({r.existing} already there, "
-          f"{r.too_small} tracks smaller than {args.min_size} px, {r.from_thumbnail} from thumbnails)")  # fmt: skip
+    notes = [f"{r.existing} already there"] if r.existing else []
+    notes += [f"{r.too_small} tracks with no box of {args.min_size} px"] if r.too_small else []
+    notes += [f"{r.from_thumbnail} tracks from their thumbnail (live stream or file gone)"] if r.from_thumbnail else []
+    print(
+        f"{r.written} crops of {r.tracks} tracks written to {r.unsorted}" + (f" ({', '.join(notes)})" if notes else "")
+    )
     print(f"sort them into class folders of {Path(args.out)}, then: deskpod train --data imagefolder:{Path(args.out)}")
     return 0
 
