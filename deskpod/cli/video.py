@@ -4,6 +4,8 @@ deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...]   people and
 deskpod video search --face PHOTO --db DB [--top K] [--since T] [--until T] [--stream S] [--export DIR]
 deskpod video watch --db DB --rules RULES [--webhook URL]          live alerts while DB is indexed
 deskpod video alerts --db DB                                        the alerts raised, with their delivery
+deskpod video crops DB --out DIR [--label person|face] [--min-size PX] [--classes a,b]   pictures of tracks to sort
+deskpod video search --classifier RUN_OR_MODEL --label NAME --db DB [--top K] [--min-score P]   tracks it recognises
 
 A SOURCE is a video file, a folder of them, or a live URL (rtsp://, http(s)://). Indexing resumes where an
 earlier run into the same DB committed. docs/video.md is the guide.
@@ -55,9 +57,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "search",
         help="the tracks whose face matches a photo, best first",
         description="Find the tracks in DB whose face matches the one face in PHOTO: stream, time span, cosine "
-        "similarity and thumbnail, best first; --export writes a contact sheet per matching track.",
+        "similarity and thumbnail, best first; --export writes a contact sheet per matching track. Or, with "
+        "--classifier (a run trained on deskpod video crops, or a model folder) and --label, the tracks it "
+        "recognises as that class, best first.",
     )
-    s.add_argument("--face", required=True, metavar="PHOTO", help="a photo of one face (JPEG, PNG, ...)")
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--face", metavar="PHOTO", help="a photo of one face (JPEG, PNG, ...)")
+    what.add_argument("--classifier", metavar="RUN_OR_MODEL", help="a training run or model folder (with --label)")
+    s.add_argument("--label", metavar="NAME", help="with --classifier: the class to find (one of the model's labels)")
+    s.add_argument(
+        "--min-score", type=float, metavar="P", help="with --classifier: least mean probability (default 0.5)"
+    )
     s.add_argument("--db", required=True, metavar="DB", help="the index database")
     s.add_argument("--top", type=int, default=10, metavar="K", help="at most K results (default 10)")
     s.add_argument("--since", type=float, metavar="T", help="tracks that end at or after T (seconds)")
@@ -95,6 +105,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.add_argument("--since-id", type=int, default=0, metavar="ID", help="only alerts after this id")
     a.add_argument("--json", action="store_true", help="print the alerts as JSON")
     a.set_defaults(func=run_alerts)
+    c = video.add_parser(
+        "crops",
+        help="write crops of DB's tracks as an image folder to sort into classes (for deskpod train)",
+        description="Cut a few crops of each track of DB out of its source video into DIR/unsorted/, with "
+        "DIR/crops.json naming each crop's track. Move them into class folders (--classes makes empty ones), "
+        "train with deskpod train --data imagefolder:DIR, then find tracks with deskpod video search --classifier.",
+    )
+    c.add_argument("db", metavar="DB", help="the index database")
+    c.add_argument(
+        "--out", required=True, metavar="DIR", help="the image folder (created; a rerun adds new crops only)"
+    )
+    c.add_argument("--label", metavar="LABEL", help="only tracks of this label: person or face (default: all)")
+    c.add_argument("--min-size", type=int, default=0, metavar="PX", help="only boxes at least PX on their shorter side")
+    c.add_argument("--per-track", type=int, default=4, metavar="N", help="crops per track (default 4)")
+    c.add_argument("--classes", metavar="A,B", help="make these empty class folders beside unsorted/")
+    c.set_defaults(func=run_crops)
 
 
 def run_index(args: argparse.Namespace) -> int:
@@ -141,6 +167,12 @@ def run_search(args: argparse.Namespace) -> int:
 
     from deskpod.video.search import THRESHOLD, export_sheets, search_face
 
+    if args.classifier is not None:
+        return run_classifier_search(args)
+    if args.label is not None or args.min_score is not None:
+        from deskpod.errors import UsageError
+
+        raise UsageError("--label and --min-score go with --classifier, not --face")
     matches = search_face(Path(args.db), Path(args.face), top=args.top, since=args.since, until=args.until,
                           stream=args.stream,
                           threshold=THRESHOLD if args.threshold is None else args.threshold)  # fmt: skip
@@ -205,4 +237,50 @@ def run_alerts(args: argparse.Namespace) -> int:
             state = a.state + (f" ({a.error})" if a.error else "")
             print(f"{a.id:>5} {raised:<19} {a.rule[:20]:<20} {a.kind:<6} {a.track:>6} {a.t:>9.2f}  {state:<8} "
                   f"{a.stream}: {why}")  # fmt: skip
+
+
+def run_crops(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from deskpod.video.crops import CropConfig, write_crops
+
+    classes = tuple(c.strip() for c in args.classes.split(",")) if args.classes else ()
+    config = CropConfig(label=args.label, min_size=args.min_size, per_track=args.per_track, classes=classes)
+    r = write_crops(Path(args.db), Path(args.out), config)
+    notes = [f"{r.existing} already there"] if r.existing else []
+    notes += [f"{r.too_small} tracks with no box of {args.min_size} px"] if r.too_small else []
+    notes += [f"{r.from_thumbnail} tracks from their thumbnail (live stream or file gone)"] if r.from_thumbnail else []
+    print(
+        f"{r.written} crops of {r.tracks} tracks written to {r.unsorted}" + (f" ({', '.join(notes)})" if notes else "")
+    )
+    print(f"sort them into class folders of {Path(args.out)}, then: deskpod train --data imagefolder:{Path(args.out)}")
+    return 0
+
+
+def run_classifier_search(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from deskpod.errors import UsageError
+    from deskpod.video.classify import MIN_SCORE, search_classifier
+
+    if args.label is None:
+        raise UsageError("--classifier needs --label NAME: the class to find")
+    if args.threshold is not None or args.export:
+        raise UsageError("--threshold and --export go with --face, not --classifier")
+    found = search_classifier(Path(args.db), Path(args.classifier), args.label, top=args.top,
+                              min_score=MIN_SCORE if args.min_score is None else args.min_score, stream=args.stream,
+                              since=args.since, until=args.until)  # fmt: skip
+    if args.json:
+        print(json.dumps([{"track": f.track, "stream": f.stream, "label": f.kind, "start": f.start, "end": f.end,
+                           "score": round(f.score, 4), "crops": f.crops,
+                           "thumbnail": str(f.thumbnail) if f.thumbnail else None} for f in found], indent=2))  # fmt: skip
+    elif not found:
+        print(f"no track recognised as {args.label}")
+    else:
+        print(f"{'track':>6} {'score':>6} {'crops':>5} {'start s':>9} {'end s':>9}  stream / thumbnail")
+        for f in found:
+            print(
+                f"{f.track:>6} {f.score:>6.3f} {f.crops:>5} {f.start:>9.2f} {f.end:>9.2f}  {f.stream}  {f.thumbnail or ''}"
+            )
     return 0

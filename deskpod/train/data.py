@@ -9,7 +9,9 @@ same code for every dataset.
   beyond the batch. Augmentation (horizontal flips) is decided per (seed, epoch, sample), so it is
   the same whatever the number of workers and whether the run was resumed.
 - ``imagefolder`` decodes JPEG/PNG with torchvision in DataLoader worker processes; a file that
-  fails to decode is skipped and counted, and the trainer stops when too many are bad.
+  fails to decode is skipped and counted, and the trainer stops when too many are bad. Every folder is a
+  class but hidden ones and ``unsorted/`` (images waiting to be sorted); a class folder with no image is an
+  error, not a class the model would be asked to predict without ever seeing it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
 # ImageNet statistics, the convention torchvision's models are trained with.
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
+UNSORTED = "unsorted"
+"""A folder of images not sorted into a class yet (``deskpod video crops`` writes its crops there): not a class."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +184,9 @@ def fashion_mnist_files(root: Path = FASHION_MNIST_DIR) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------- image folders
 def scan_classes(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
-    """Class folders (sorted) and every image under them as (path, class index): the trainer's view of a folder."""
-    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    """Class folders (sorted) and every image under them as (path, class index): the trainer's view of a folder.
+    Hidden folders and `UNSORTED` are not classes."""
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name != UNSORTED)
     samples: list[tuple[str, int]] = []
     for ci, c in enumerate(classes):
         for dirpath, _, files in os.walk(root / c):
@@ -305,6 +310,12 @@ def describe(req: DataRequest, fashion_root: Path = FASHION_MNIST_DIR) -> DataSp
         if not train:
             raise DataError(
                 f"imagefolder {str(train_root)!r}: no images ({', '.join(sorted(IMAGE_SUFFIXES))}) in the class folders"
+            )
+        empty = sorted(set(folder_classes) - {folder_classes[c] for _, c in train})
+        if empty:
+            raise DataError(
+                f"imagefolder {str(train_root)!r}: class folder(s) {', '.join(empty)} hold no images; put images in "
+                f"them or remove them"
             )
         n_val = len(scan_classes(val_root)[1]) if val_root else max(1, int(len(train) * req.val_fraction))
         n_train = len(train) if val_root else len(train) - n_val
