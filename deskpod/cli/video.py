@@ -237,6 +237,7 @@ def run_alerts(args: argparse.Namespace) -> int:
             state = a.state + (f" ({a.error})" if a.error else "")
             print(f"{a.id:>5} {raised:<19} {a.rule[:20]:<20} {a.kind:<6} {a.track:>6} {a.t:>9.2f}  {state:<8} "
                   f"{a.stream}: {why}")  # fmt: skip
+    return 0
 
 
 def run_crops(args: argparse.Namespace) -> int:
