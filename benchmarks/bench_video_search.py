@@ -47,7 +47,7 @@ from deskpod.video.vectors import EXACT_BELOW, FaceIndex, nprobe_for  # noqa: E4
 from tests.video.clips import find  # noqa: E402
 
 SECTION = "## Video analytics"
-INTRO = "deskpod's video application (`deskpod/video/`, issue 32): decode, streams held in real time, face search."
+INTRO = "`deskpod video` (`deskpod/video/`): decoding, detection, tracking and search of camera streams and files."
 SUB = "### Face search at 1,000,000 vectors (bench_video_search.py)"
 TARGET_P95_MS = 10.0
 TARGET_RECALL = 0.95
