@@ -37,8 +37,8 @@ from docs_section import cpu_model
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deskpod.video.detectors import DETECTORS  # noqa: E402
-from tests.video.groundtruth import Box, frames, load, person_box, score  # noqa: E402
+from deskpod.video.detectors import DETECTORS, person_in_window  # noqa: E402
+from tests.video.groundtruth import Box, frames, load, score  # noqa: E402
 
 DOCS = ROOT / "docs" / "video-models.md"
 BEGIN, END = "<!-- video_detectors.py: begin -->", "<!-- video_detectors.py: end -->"
@@ -47,10 +47,8 @@ LBP = Path("/usr/share/opencv4/lbpcascades")
 Found = list[tuple[Box, float]]
 
 
-def deskpod_detector(name: str, to_person: bool = False) -> Callable[[np.ndarray], Found]:
+def deskpod_detector(name: str) -> Callable[[np.ndarray], Found]:
     det = DETECTORS[name]()
-    if to_person:
-        return lambda frame: [(person_box(d.box), d.score) for d in det.detect([frame])[0]]
     return lambda frame: [(d.box, d.score) for d in det.detect([frame])[0]]
 
 
@@ -74,7 +72,7 @@ def hog(
     stride: int = 8, enlarge: float = 1.0, daimler: bool = False, min_score: float = 0.5
 ) -> Callable[[np.ndarray], Found]:
     """OpenCV's HOG people detector (default 64x128 or Daimler 48x96), the frame optionally enlarged first; boxes
-    around the person (`person_box`: the Daimler windows have the same proportions of margin)."""
+    around the person (`person_in_window`: the Daimler windows have the same proportions of margin)."""
     if daimler:
         h = cv2.HOGDescriptor((48, 96), (16, 16), (8, 8), (8, 8), 9)
         h.setSVMDetector(cv2.HOGDescriptor_getDaimlerPeopleDetector())
@@ -86,7 +84,7 @@ def hog(
         img = cv2.resize(frame, None, fx=enlarge, fy=enlarge) if enlarge != 1.0 else frame
         rects, weights = h.detectMultiScale(img, winStride=(stride, stride), padding=(8, 8), scale=1.05)
         return [
-            (person_box((x / enlarge, y / enlarge, (x + w) / enlarge, (y + hh) / enlarge)), float(s))
+            (person_in_window(x / enlarge, y / enlarge, w / enlarge, hh / enlarge), float(s))
             for (x, y, w, hh), s in zip(rects, np.ravel(weights), strict=True)
             if s >= min_score
         ]
@@ -119,13 +117,8 @@ def candidates() -> dict[str, list[tuple[str, str, Callable[[np.ndarray], Found]
     people = [
         (
             "hog-people",
-            "deskpod: HOG 64x128, stride 8, scale 1.05, score >= 0.5; the window as the box",
+            "deskpod: HOG 64x128, stride 8, scale 1.05, score >= 0.5; the person in the window (`person_in_window`)",
             deskpod_detector("hog-people"),
-        ),
-        (
-            "hog-people, person box",
-            "the same, the window less its margin (`person_box`)",
-            deskpod_detector("hog-people", to_person=True),
         ),
         ("hog x2", "HOG 64x128, stride 8, frame enlarged 2x, person box", hog(enlarge=2.0)),
         ("hog all scores", "HOG 64x128, stride 8, every box (score >= 0), person box", hog(min_score=0.0)),

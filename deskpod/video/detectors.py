@@ -72,8 +72,17 @@ def _map(fn: Callable[[np.ndarray], list[Detection]], frames: Sequence[np.ndarra
     return list(_POOL.map(fn, frames))
 
 
+def person_in_window(x: float, y: float, w: float, h: float) -> tuple[float, float, float, float]:
+    """The person inside a HOG detection window, as ``(x1, y1, x2, y2)``: Dalal and Triggs trained on 64x128 windows
+    holding a person 96 px tall with a 16 px margin on all four sides (CVPR 2005, section 2), so the person is the
+    window less 1/4 of its width and 1/8 of its height on each side. The window itself is twice as wide as the
+    person: against a box drawn around the person its IoU is ~0.35, a miss at 0.5."""
+    return (x + w / 4, y + h / 8, x + w - w / 4, y + h - h / 8)
+
+
 class HogPeople:
-    """OpenCV's HOG people detector. Frames wider than ``max_width`` are scaled down first (speed), boxes back up."""
+    """OpenCV's HOG people detector. Frames wider than ``max_width`` are scaled down first (speed), boxes back up;
+    each box is the person inside the detection window (`person_in_window`), not the window."""
 
     name = "hog-people"
     label = "person"
@@ -91,7 +100,8 @@ class HogPeople:
         out = []
         for (x, y, w, h), s in zip(rects, np.asarray(weights).reshape(-1), strict=True):
             if s >= self.min_score:
-                out.append(Detection((x / scale, y / scale, (x + w) / scale, (y + h) / scale), float(s), "person"))
+                box = person_in_window(x / scale, y / scale, w / scale, h / scale)
+                out.append(Detection(box, float(s), "person"))
         return out
 
     def detect(self, frames: Sequence[np.ndarray]) -> list[list[Detection]]:

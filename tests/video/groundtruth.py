@@ -65,16 +65,6 @@ def iou(a: Box, b: Box) -> float:
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
-def person_box(box: Box) -> Box:
-    """The person inside a HOG window: Dalal and Triggs trained on 64x128 windows holding a person 96 px tall with a
-    16 px margin on all four sides (CVPR 2005, section 2), so the person is the window less 1/4 of its width and
-    1/8 of its height on each side. The window itself is 2x as wide as the person it found: against a box around
-    the person its IoU is ~0.35, a miss at 0.5."""
-    x1, y1, x2, y2 = box
-    w, h = x2 - x1, y2 - y1
-    return (x1 + w / 4, y1 + h / 8, x2 - w / 4, y2 - h / 8)
-
-
 @dataclass(frozen=True, slots=True)
 class Score:
     """Counts over all frames, and what follows from them."""

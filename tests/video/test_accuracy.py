@@ -5,9 +5,8 @@ The figures are counts on fixed frames with fixed models, so they repeat exactly
 tolerance (0.05, about one face in carphone's 30 or six people in vtest's 116) lets a library update move a borderline
 detection or two without hiding a real regression.
 
-People: deskpod's ``hog-people`` returns OpenCV's HOG window, twice as wide as the person in it, so its boxes are taken
-to the person with `person_box` (Dalal and Triggs' 16 px margin) before matching, as benchmarks/video_detectors.py
-does (tests/video/groundtruth.py); when ``HogPeople`` returns person boxes itself, that call goes.
+People: ``hog-people`` boxes the person inside OpenCV's HOG window (`deskpod.video.detectors.person_in_window`),
+the convention of the hand-made boxes.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from deskpod.video.detectors import DETECTORS
-from tests.video.groundtruth import Box, Score, frames, load, person_box, score
+from tests.video.groundtruth import Box, Score, frames, load, score
 
 TOLERANCE = 0.05
 
@@ -35,7 +34,7 @@ def measured(name: str) -> Score:
     found: list[list[tuple[Box, float]]] = []
     for img in frames(clip, truth):
         dets = detector.detect([img])[0]
-        found.append([(person_box(d.box) if d.label == "person" else d.box, d.score) for d in dets])
+        found.append([(d.box, d.score) for d in dets])
     return score(truth, found)
 
 
