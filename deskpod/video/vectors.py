@@ -7,16 +7,19 @@ is about cosine 0.82).
 
 Two layouts, switched by size (measured in ``benchmarks/bench_video_search.py``, figures in docs/benchmarks.md):
 
-- below `EXACT_BELOW` vectors, ``IndexIDMap(IndexFlatIP)``: every vector compared, exact; a query over 100,000
-  vectors costs a few milliseconds on one core, so there is nothing to gain from approximating;
+- below `EXACT_BELOW` vectors, ``IndexIDMap(IndexFlatIP)``: every vector compared, exact; its cost grows with the
+  vectors (a query over 100,000 took 24 ms at the median on the shared 2-core box, against 3 ms for IVF at 1M), so
+  the index stops being exact at 50,000;
 - from `EXACT_BELOW` up, ``IndexIVFFlat`` (inner product): k-means cells, `nlist_for` of them, and a query visits
   the `nprobe_for` cells nearest it. The vectors are kept whole (no quantisation), so a found face's similarity is
   exact and only a face in an unvisited cell can be missed. It is trained from the vectors it holds when it
   first crosses the threshold, and trained again from all of them each time the number of cells it should have
   doubles (about 4x the vectors), so the cells follow the faces as the index grows.
 
-HNSW was the other candidate: at 1,000,000 vectors it searches as fast, but it takes several times as long to
-build and about 1.5x the memory, and cannot be retrained; the benchmark measures both in the same run.
+HNSW was the other candidate. At 1,000,000 face-like vectors (2026-12-04, same run as IVF) it took 364 s to build
+(IVF: 33 s, training included) and reached recall@10 of only 0.43, 0.59 and 0.74 at efSearch 32, 64 and 128 (p95
+4.5, 8.6 and 14.5 ms): dlib's descriptors lie in a narrow cone where many faces are nearly tied, which a graph walk
+handles badly and scanning whole cells does not.
 
 A saved index is one FAISS file (``faiss.serialize_index``) written whole or not at all.
 """
@@ -33,7 +36,7 @@ import numpy as np
 from deskpod.environment.files import write_bytes
 from deskpod.errors import DataError, UsageError
 
-EXACT_BELOW = 100_000
+EXACT_BELOW = 50_000
 """Vectors below which the index is exact (IndexFlatIP); from here on it is IVF (see the module docstring)."""
 
 TRAIN_PER_CELL = 64
@@ -50,9 +53,10 @@ def nlist_for(n: int) -> int:
 
 
 def nprobe_for(nlist: int) -> int:
-    """Cells a query visits: 1/16 of them, at least `MIN_NPROBE` (64 of 1024 at 1M: recall@10 measured in
-    benchmarks/bench_video_search.py)."""
-    return min(nlist, max(MIN_NPROBE, nlist // 16))
+    """Cells a query visits: 1/8 of them, at least `MIN_NPROBE` (128 of 1024 at 1M). Measured at 1M face-like
+    vectors (benchmarks/bench_video_search.py, 2026-12-04): recall@10 0.84 at 1/32, 0.91 at 1/16, 0.95 at 1/8,
+    0.98 at 1/4, the time per query doubling with each step."""
+    return min(nlist, max(MIN_NPROBE, nlist // 8))
 
 
 class FaceIndex:
