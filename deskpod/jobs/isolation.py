@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import threading
 import traceback
@@ -42,6 +43,7 @@ from deskpod.envs.userfiles import open_beneath, prepare_owned_dir, scandir_bene
 from deskpod.errors import ConflictError
 from deskpod.jobs.identity import Accounts
 from deskpod.jobs.kinds import command
+from deskpod.jobs.kinds import video as video_kind
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.store import User
 from deskpod.jobs.supervisor import SHIM
@@ -135,6 +137,9 @@ class Isolation:
                 raise ConflictError(
                     f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)"
                 )
+        if spec.video is not None:
+            for fd, _, _ in video_binds(who, spec.video):
+                os.close(fd)
 
     def account(self, user: User | None) -> Account | None:
         """The account the job runs as, when it is not the daemon's own."""
@@ -229,6 +234,10 @@ class Isolation:
             fd = self.open_run(who, Path(spec.serve["run"]))
             fds.append(fd)
             binds.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+        if spec.video is not None:
+            for bind in video_binds(who, spec.video):
+                fds.append(bind[0])
+                binds.append(bind)
         building = False
         defn = spec.environment
         venv = defn if defn is not None and defn.kind != "image" else None  # an environment the cache builds
@@ -326,6 +335,8 @@ requirements or lock it came from."""
 
 _WORKDIR = "job spec: workdir {path!r} is not a folder you can open on this box"
 _SERVE_RUN = "job spec: serve.run {path!r} is not a run folder you can open on this box"
+_VIDEO_SOURCE = "job spec: video.sources {path!r} is not a video file or folder you can open on this box"
+_VIDEO_DB = "job spec: video.db {db!r}: its folder {path!r} is not one you can open on this box"
 
 
 def _inside(path: Path, top: Path) -> Path | None:
@@ -346,14 +357,40 @@ def _has_checkpoint(run: int) -> bool:
     return any(checkpoint_step(Path(n)) is not None for n in names)
 
 
-def open_as(account: Account, path: Path, message: str) -> int:
-    """A descriptor of the folder ``path``, opened with ``account``'s rights (`as_account`); `ConflictError` with
-    ``message`` when it cannot be, the same whether it is missing or closed to the account, so that the answer
-    reveals nothing of what the account cannot see."""
+def video_binds(account: Account, video: Mapping[str, Any]) -> list[tuple[int, Path, bool]]:
+    """What a video job reads and writes outside its folder, opened as ``account`` (`open_as`), as sandbox binds
+    ``(fd, where, writable)``: each local source (a file or a folder of videos) read-only, and the database's
+    folder writable when the spec names one. `ConflictError` naming the first that the account cannot open."""
+    out: list[tuple[int, Path, bool]] = []
     try:
-        return as_account(account, lambda: os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for path in video_kind.local_sources(video):
+            fd = open_as(account, path, _VIDEO_SOURCE, directory=False)
+            out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+        if "db" in video:
+            shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # open_as formats the message
+            fd = open_as(account, Path(video["db"]).parent, _VIDEO_DB.replace("{db!r}", shown))
+            out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), True))
+    except BaseException:
+        for fd, _, _ in out:
+            os.close(fd)
+        raise
+    return out
+
+
+def open_as(account: Account, path: Path, message: str, *, directory: bool = True) -> int:
+    """A descriptor of the folder ``path`` (with ``directory=False``: the file or folder), opened with ``account``'s
+    rights (`as_account`); `ConflictError` with ``message`` when it cannot be, the same whether it is missing or closed to the account, so that the answer
+    reveals nothing of what the account cannot see."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        fd = as_account(account, lambda: os.open(path, flags))
     except OSError:
         raise ConflictError(message.format(path=str(path))) from None
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):  # a FIFO or a device: nothing a job reads video from
+        os.close(fd)
+        raise ConflictError(message.format(path=str(path)))
+    return fd
 
 
 def describe(defn: EnvDefinition) -> str:
