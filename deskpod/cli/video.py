@@ -45,8 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     i.add_argument("--batch", type=int, default=16, metavar="N", help="frames per batch across streams (default 16)")
     i.add_argument("--live-for", type=float, metavar="S", help="stop live streams after S seconds (default: never)")
-    i.add_argument("--stats", metavar="FILE", help="rewrite FILE (JSON) every few seconds with each stream's fps, lag, "
-                   "frames, tracks and state, and the newest tracks (what a video job's dashboard page shows)")
+    i.add_argument(
+        "--stats",
+        metavar="FILE",
+        help="rewrite FILE (JSON) every few seconds with each stream's fps, lag, "
+        "frames, tracks and state, and the newest tracks (what a video job's dashboard page shows)",
+    )
     i.set_defaults(func=run_index)
 
     s = video.add_parser(

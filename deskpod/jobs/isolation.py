@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from deskpod.envs import images
-from deskpod.envs.accounts import Account, as_account, current_account
+from deskpod.envs.accounts import Account, as_account, current_account, popen_credentials
 from deskpod.envs.cache import EnvCache, account_root
 from deskpod.envs.definition import EnvDefinition
 from deskpod.envs.python import resolve_python
@@ -307,6 +307,29 @@ class Isolation:
         if account is not None:
             notes.append(f"as {account.name} (uid {account.uid})")
         return Prepared(argv, plan, options, owner, building, notes, tuple(fds))
+
+    def tool_argv(self, account: Account | None, argv: Sequence[str], binds: Sequence[tuple[int, Path, bool]]) -> tuple[
+            list[str], dict[str, Any]]:  # fmt: skip
+        """How the pod runs a short command of its own for a user's job (the dashboard's face search in a video job's
+        database): as the job's ``account`` and, on a pod with walls, inside the same walls as its jobs, with
+        ``binds`` ``(fd, where, writable)`` (folders opened as the account) shown. The command line and the
+        ``subprocess`` arguments that start it (the descriptors to pass, and the account when there are no walls
+        to switch to it)."""
+        fds = tuple(b[0] for b in binds)
+        if not self.sandbox:
+            creds: dict[str, Any] = dict(popen_credentials(account)) if account is not None else {}
+            return list(argv), {"pass_fds": fds, **creds}
+        readable = list(self.readable)
+        closed = closed_ancestors(readable)
+        covered = [*closed, *self.hidden, *SANDBOX_TMPFS]
+        walls = Walls(
+            hidden=tuple(dict.fromkeys([*self.hidden, *closed])),
+            extra_ro=tuple(p for p in dict.fromkeys(readable) if _under_any(Path(os.path.realpath(p)), covered)),
+            binds=tuple(binds),
+        )
+        root = self.accounts is not None and self.accounts.root and account is not None
+        line = sandbox_argv(walls, argv, account=account, cwd=Path("/"), switch_user=bool(root))
+        return line, {"pass_fds": fds}
 
     def prune_soon(self, max_bytes: int) -> None:
         """Prune the environment cache to ``max_bytes`` in the background (never an environment in use)."""

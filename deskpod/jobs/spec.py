@@ -382,8 +382,13 @@ SPEC_SCHEMA: dict[str, Any] = {
     "description": "A job: exactly one of command, train, serve and video says what it runs; environment only with"
     " command.",
     "oneOf": [
-        {"required": [kind], "properties": {**{k: False for k in KINDS if k != kind},
-                                            **({} if kind == "command" else {"environment": False})}}
+        {
+            "required": [kind],
+            "properties": {
+                **{k: False for k in KINDS if k != kind},
+                **({} if kind == "command" else {"environment": False}),
+            },
+        }
         for kind in KINDS
     ],
     "properties": {

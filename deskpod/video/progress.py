@@ -77,6 +77,10 @@ class ProgressFile:
             "running": any(st.state == "indexing" for st in streams),
             "streams": rows,
             "tracks": int(total),
-            "latest": [{"id": int(r[0]), "stream": r[1], "label": r[2], "start": round(float(r[3]), 3),
-                        "end": round(float(r[4]), 3), "thumbnail": r[5]} for r in latest],  # fmt: skip
+            "latest": [_track(r) for r in latest],
         }
+
+
+def _track(r: tuple[Any, ...]) -> dict[str, Any]:
+    return {"id": int(r[0]), "stream": r[1], "label": r[2], "start": round(float(r[3]), 3),
+            "end": round(float(r[4]), 3), "thumbnail": r[5]}  # fmt: skip
