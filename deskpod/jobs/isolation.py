@@ -138,7 +138,7 @@ class Isolation:
                     f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)"
                 )
         if spec.video is not None:
-            for fd, _, _ in video_binds(who, spec.video):
+            for fd, _, _ in self.video_binds(who, spec.video):
                 os.close(fd)
 
     def account(self, user: User | None) -> Account | None:
@@ -149,15 +149,20 @@ class Isolation:
         return None if account.uid == self.accounts.daemon.uid else account
 
     def open_run(self, account: Account, run: Path) -> int:
-        """A descriptor of a training run to serve, opened as ``account`` may: a run in one of the pod's own job
-        folders is reached through the pod, not the filesystem (the pod's home may be closed to its users), so it
-        is the account's when its job folder is (or the account is the daemon's); it is opened from there with no
-        link followed. Any other folder is opened with the account's own rights (`open_as`). `ConflictError`, the
-        same for a missing run and one that is not the account's."""
-        refused = ConflictError(_SERVE_RUN.format(path=str(run)))
-        rel = _inside(Path(os.path.normpath(run)), self.jobs_root) if self.jobs_root is not None else None
+        """A descriptor of a training run to serve, opened as ``account`` may (`open_folder`)."""
+        return self.open_folder(account, run, _SERVE_RUN)
+
+    def open_folder(self, account: Account, path: Path, message: str) -> int:
+        """A descriptor of the folder ``path`` (a run to serve, a video job's database folder), opened as
+        ``account`` may: a folder in one of the pod's own job folders is reached through the pod, not the
+        filesystem (the pod's home may be closed to its users), so it is the account's when its job folder is (or
+        the account is the daemon's); it is opened from there with no link followed. Any other folder is opened
+        with the account's own rights (`open_as`). `ConflictError` with ``message`` (formatted with ``path``), the
+        same for a missing folder and one that is not the account's."""
+        refused = ConflictError(message.format(path=str(path)))
+        rel = _inside(Path(os.path.normpath(path)), self.jobs_root) if self.jobs_root is not None else None
         if rel is None:
-            return open_as(account, run, _SERVE_RUN)
+            return open_as(account, path, message)
         assert self.jobs_root is not None
         try:
             folder = open_beneath(self.jobs_root, rel.parts[0], directory=True)
@@ -235,7 +240,7 @@ class Isolation:
             fds.append(fd)
             binds.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
         if spec.video is not None:
-            for bind in video_binds(who, spec.video):
+            for bind in self.video_binds(who, spec.video):
                 fds.append(bind[0])
                 binds.append(bind)
         building = False
@@ -308,6 +313,26 @@ class Isolation:
             notes.append(f"as {account.name} (uid {account.uid})")
         return Prepared(argv, plan, options, owner, building, notes, tuple(fds))
 
+    def video_binds(self, account: Account, video: Mapping[str, Any]) -> list[tuple[int, Path, bool]]:
+        """What a video job reads and writes outside its folder, opened as ``account``, as sandbox binds ``(fd,
+        where, writable)``: each local source (a file or a folder of videos) read-only (`open_as`), and the
+        database's folder writable when the spec names one (`open_folder`). `ConflictError` naming the first that
+        the account cannot open."""
+        out: list[tuple[int, Path, bool]] = []
+        try:
+            for path in video_kind.local_sources(video):
+                fd = open_as(account, path, _VIDEO_SOURCE, directory=False)
+                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+            if "db" in video:
+                shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # the message is formatted
+                fd = self.open_folder(account, Path(video["db"]).parent, _VIDEO_DB.replace("{db!r}", shown))
+                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), True))
+        except BaseException:
+            for fd, _, _ in out:
+                os.close(fd)
+            raise
+        return out
+
     def tool_argv(self, account: Account | None, argv: Sequence[str], binds: Sequence[tuple[int, Path, bool]]) -> tuple[
             list[str], dict[str, Any]]:  # fmt: skip
         """How the pod runs a short command of its own for a user's job (the dashboard's face search in a video job's
@@ -378,26 +403,6 @@ def _has_checkpoint(run: int) -> bool:
     except OSError:
         return False
     return any(checkpoint_step(Path(n)) is not None for n in names)
-
-
-def video_binds(account: Account, video: Mapping[str, Any]) -> list[tuple[int, Path, bool]]:
-    """What a video job reads and writes outside its folder, opened as ``account`` (`open_as`), as sandbox binds
-    ``(fd, where, writable)``: each local source (a file or a folder of videos) read-only, and the database's
-    folder writable when the spec names one. `ConflictError` naming the first that the account cannot open."""
-    out: list[tuple[int, Path, bool]] = []
-    try:
-        for path in video_kind.local_sources(video):
-            fd = open_as(account, path, _VIDEO_SOURCE, directory=False)
-            out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
-        if "db" in video:
-            shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # open_as formats the message
-            fd = open_as(account, Path(video["db"]).parent, _VIDEO_DB.replace("{db!r}", shown))
-            out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), True))
-    except BaseException:
-        for fd, _, _ in out:
-            os.close(fd)
-        raise
-    return out
 
 
 def open_as(account: Account, path: Path, message: str, *, directory: bool = True) -> int:

@@ -59,6 +59,8 @@ TOP = 20
 LISTED = 50
 """Video jobs listed on ``/ui/video``, newest first."""
 _THUMB = re.compile(r"^[0-9]{1,18}\.jpg$")
+_DESKPOD_ROOT = str(Path(__file__).resolve().parents[2])
+"""Where the dashboard's own deskpod package lies: the search runs that one."""
 _NO_DB = "job {job} has no index database yet (its folder {path!r} is not there); search once it has indexed"
 
 
@@ -189,7 +191,12 @@ def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[
             os.chown(folder, *owner)
         write_no_follow(folder / "photo", photo, mode=0o600, owner=owner)
         try:  # the database's folder as the account may open it: what the search is shown
-            fds.append(open_as(account or current_account(), db.parent, _NO_DB.format(job=job.id, path="{path}")))
+            who = account or current_account()
+            message = _NO_DB.format(job=job.id, path="{path}")
+            if isolation is not None:
+                fds.append(isolation.open_folder(who, db.parent, message))
+            else:
+                fds.append(open_as(who, db.parent, message))
         except ConflictError as e:
             raise DataError(str(e)) from None
         fds.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
@@ -199,7 +206,7 @@ def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[
         extra: dict[str, Any] = {}
         if isolation is not None:
             argv, extra = isolation.tool_argv(account, argv, [(fds[0], where[0], True), (fds[1], where[1], True)])
-        env = box_environment(os.environ)
+        env = {**box_environment(os.environ), "PYTHONPATH": _DESKPOD_ROOT}  # the dashboard's own deskpod
         if account is not None:
             env.update(HOME=str(folder), USER=account.name, LOGNAME=account.name)
         try:
