@@ -39,8 +39,10 @@ BATCH = (16, 1, 1024)
 DB_NAME = "video.db"
 STATS_FILE = "video-stats.json"
 """In the job's folder: what ``deskpod video index --stats`` writes (`deskpod.video.progress`)."""
-URL_RE = re.compile(r"^(rtsp|rtsps|http|https)://[^\s\x00]+$")
-PATH = {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}
+SOURCE = "^(/[^\\u0000]*|(rtsps?|https?)://[^\\u0000-\\u0020\\u007f]+)$"
+"""A source: an absolute path, or a URL with no space or control character (the API's schema and `parse` alike)."""
+DB = "^/[^\\u0000]*[^/\\u0000]$"
+"""A database: an absolute path of a file (not ending in '/')."""
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -49,10 +51,11 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "sources": {
             "type": "array", "minItems": 1, "maxItems": MAX_SOURCES,
-            "items": {"type": "string", "maxLength": 4096, "pattern": "^(/|rtsps?://|https?://)[^\\u0000]*$"},
+            "uniqueItems": True, "items": {"type": "string", "maxLength": 4096, "pattern": SOURCE},
             "description": "absolute paths of video files or folders of them, or live rtsp:// / http(s):// URLs",
         },
-        "db": {**PATH, "description": f"absolute path of the index database (default: {DB_NAME} in the job folder)"},
+        "db": {"type": "string", "pattern": DB, "maxLength": 4096,
+               "description": f"absolute path of the index database (default: {DB_NAME} in the job folder)"},
         "fps": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FPS},
         "detect": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(DETECTORS)}},
         "batch": {"type": "integer", "minimum": BATCH[1], "maximum": BATCH[2]},
@@ -69,16 +72,16 @@ def parse(t: object) -> dict[str, Any]:
         raise bad("video.sources", sources, f'expected a list of 1 to {MAX_SOURCES} paths or URLs, e.g. sources = '
                   '["/home/me/cams/door.mp4", "rtsp://127.0.0.1:8554/gate"]')  # fmt: skip
     for s in sources:
-        if not isinstance(s, str) or len(s) > 4096 or "\0" in s or not (s.startswith("/") or URL_RE.match(s)):
+        if not isinstance(s, str) or len(s) > 4096 or not re.fullmatch(SOURCE, s):
             raise bad("video.sources", s, "each source is an absolute path (a file or a folder of videos) or an "
-                      "rtsp://, rtsps://, http:// or https:// URL")  # fmt: skip
+                      "rtsp://, rtsps://, http:// or https:// URL (no spaces)")  # fmt: skip
     if len(set(sources)) != len(sources):
         dup = next(s for s in sources if sources.count(s) > 1)
         raise bad("video.sources", dup, "name each source once")
     out: dict[str, Any] = {"sources": list(sources)}
     if "db" in t:
         db = t["db"]
-        if not isinstance(db, str) or not db.startswith("/") or db.endswith("/") or "\0" in db or len(db) > 4096:
+        if not isinstance(db, str) or len(db) > 4096 or not re.fullmatch(DB, db):
             raise bad("video.db", db, 'expected the absolute path of a database file, e.g. db = "/home/me/video.db"')
         out["db"] = db
     fps = t.get("fps", 5)
