@@ -82,7 +82,7 @@ class HogPeople:
         self.max_width = max_width
         self.min_score = min_score
         self._hog = cv2.HOGDescriptor()
-        self._hog.setSVMDetector(cv2.HOGDescriptor_getDefaultPeopleDetector())
+        self._hog.setSVMDetector(cv2.HOGDescriptor_getDefaultPeopleDetector())  # type: ignore[attr-defined]
 
     def _one(self, frame: np.ndarray) -> list[Detection]:
         scale = min(1.0, self.max_width / frame.shape[1])
@@ -105,7 +105,8 @@ class HaarFace:
     label = "face"
 
     def __init__(self, min_size: int = 24) -> None:
-        path = Path(cv2.data.haarcascades) / "haarcascade_frontalface_default.xml"
+        folder: str = cv2.data.haarcascades  # type: ignore[attr-defined]
+        path = Path(folder) / "haarcascade_frontalface_default.xml"
         self._cascade = cv2.CascadeClassifier(str(path))
         if self._cascade.empty():
             raise ConfigError(f"OpenCV's face cascade did not load from {path}")

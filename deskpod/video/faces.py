@@ -37,14 +37,15 @@ class FaceEmbedder:
         shapes = dlib.full_object_detections()
         for x1, y1, x2, y2 in boxes:
             shapes.append(self._shape(rgb, dlib.rectangle(int(x1), int(y1), int(x2), int(y2))))
-        vectors = np.asarray(self._net.compute_face_descriptor(rgb, shapes), dtype=np.float32).reshape(-1, DIM)
-        return normalise(vectors)
+        vectors: np.ndarray = np.asarray(self._net.compute_face_descriptor(rgb, shapes), dtype=np.float32)
+        return normalise(vectors.reshape(-1, DIM))
 
 
 def normalise(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (float32)."""
     v = np.asarray(vectors, dtype=np.float32)
-    return (v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+    out: np.ndarray = (v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+    return out
 
 
 def read_image(path: Path) -> np.ndarray:
@@ -61,10 +62,17 @@ def read_image(path: Path) -> np.ndarray:
 def embed_photo(path: Path, embedder: FaceEmbedder | None = None) -> np.ndarray:
     """The unit face vector of a photo of exactly one face; `DataError` for no face or several."""
     image = read_image(path)
-    faces = DlibHogFace(upsample_below=10**6).detect([image])[0]  # upsample once: a photo's face may be small
+    # Upsampled once: a face in a photo may be small. A find scoring under a quarter of the best one is a pattern,
+    # not a second face (astronaut.png: her face 1.16, a patch on her suit 0.12; carphone's low-resolution face
+    # alone scores ~0.4, so no fixed margin serves both).
+    faces = DlibHogFace(upsample_below=10**6).detect([image])[0]
+    if faces:
+        best = max(f.score for f in faces)
+        faces = [f for f in faces if f.score >= 0.25 * best]
     if not faces:
         raise DataError(f"{path}: no face found (give a photo with one face, frontal, at least ~40 px across)")
     if len(faces) > 1:
         where = ", ".join(f"({int(f.box[0])},{int(f.box[1])})-({int(f.box[2])},{int(f.box[3])})" for f in faces)
         raise DataError(f"{path}: {len(faces)} faces found at {where}; crop the photo to the one face to search for")
-    return (embedder or FaceEmbedder()).embed(image, [faces[0].box])[0]
+    vector: np.ndarray = (embedder or FaceEmbedder()).embed(image, [faces[0].box])[0]
+    return vector

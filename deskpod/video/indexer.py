@@ -50,7 +50,7 @@ class IndexConfig:
     live_for_s: float | None = None
     """Stop live sources after this many seconds (None: run until interrupted or until the files are done
     and ``stop`` is set)."""
-    backoff: Backoff = Backoff()
+    backoff: Backoff = dataclasses.field(default_factory=Backoff)
     """Reconnection of live sources."""
 
 
@@ -110,7 +110,7 @@ _DONE = "done"
 def index(
     sources: Sequence[Source],
     db: Path,
-    config: IndexConfig = IndexConfig(),  # noqa: B008 (frozen)
+    config: IndexConfig = IndexConfig(),
     *,
     stop: threading.Event | None = None,
     on_event: Callable[[str], None] | None = None,
@@ -132,18 +132,21 @@ def index(
     stages = dict.fromkeys(("detect", "track", "embed", "commit"), 0.0)
     started = time.monotonic()
 
+    live_stop = threading.Event()  # set at live_for_s, or with stop: the live sources' end (files run to theirs)
+
     def feed(source: Source, after: float | None) -> None:
         error = ""
+        halt = live_stop if source.live else stop
         try:
             for frame in read(source, config.fps, after=after, threads=config.threads, backoff=config.backoff,
-                              stop=stop, on_event=say):  # fmt: skip
-                while not stop.is_set():
+                              stop=halt, on_event=say):  # fmt: skip
+                while not halt.is_set():
                     try:
                         inbox.put(frame, timeout=0.5)
                         break
                     except queue.Full:
                         continue
-                if stop.is_set():
+                if halt.is_set():
                     break
         except StreamError as e:
             error = str(e)
@@ -157,20 +160,29 @@ def index(
         stats[s.name].resumed_from = after
         if after is not None and not s.live:
             say(f"{s.name}: resuming after {after:.2f} s")
-        t = threading.Thread(target=feed, args=(s, None if s.live else after), name=f"deskpod-read-{s.name}", daemon=True)
+        t = threading.Thread(
+            target=feed, args=(s, None if s.live else after), name=f"deskpod-read-{s.name}", daemon=True
+        )
         feeders.append(t)
     for t in feeders:
         t.start()
     if config.live_for_s is not None and any(s.live for s in sources):
-        timer = threading.Timer(config.live_for_s, stop.set)
+        timer = threading.Timer(config.live_for_s, live_stop.set)
         timer.daemon = True
         timer.start()
 
     running = {s.name for s in sources}
     batches = 0
+
+    def end_live_with_stop() -> None:
+        stop.wait()
+        live_stop.set()
+
+    threading.Thread(target=end_live_with_stop, daemon=True).start()
     try:
         while running:
             batch: list[Frame] = []
+            finished: list[tuple[str, str]] = []
             deadline: float | None = None
             while len(batch) < config.batch and running:
                 timeout = 0.5 if deadline is None else max(0.0, deadline - time.monotonic())
@@ -180,12 +192,10 @@ def index(
                     if deadline is not None:
                         break
                     continue
-                if isinstance(item, tuple):
+                if isinstance(item, tuple):  # closed after this batch, which may hold its last frames
                     _, name, error = item
                     running.discard(name)
-                    _close_stream(store, active, name, error, stats[name], say)
-                    if on_progress is not None:
-                        on_progress(list(stats.values()), store, True)
+                    finished.append((name, error))
                     continue
                 batch.append(item)
                 if deadline is None:
@@ -195,8 +205,13 @@ def index(
                 batches += 1
                 if on_progress is not None:
                     on_progress(list(stats.values()), store, False)
+            for name, error in finished:
+                _close_stream(store, active, name, error, stats[name], say)
+            if finished and on_progress is not None:
+                on_progress(list(stats.values()), store, True)
     finally:
         stop.set()
+        live_stop.set()
         for st in stats.values():
             if st.state == "indexing":  # stopped (a signal, --live-for) or interrupted before its end
                 st.state = "stopped"
@@ -276,8 +291,8 @@ def _run_batch(
         for frame, tr, det in to_embed:
             by_frame.setdefault(id(frame), []).append((tr, det))
             frames[id(frame)] = frame
-        for key, items in by_frame.items():
-            vectors = embedder.embed(frames[key].image, [d.box for _, d in items])
+        for fid, items in by_frame.items():
+            vectors = embedder.embed(frames[fid].image, [d.box for _, d in items])
             for (tr, _), v in zip(items, vectors, strict=True):
                 tr.vectors.append(v)
                 tr.row.embedding = normalise(np.mean(tr.vectors, axis=0))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -115,7 +116,9 @@ def search_face(
             s = float(np.frombuffer(r[1], dtype=np.float32) @ query)
             if s >= threshold:
                 scored[int(r[0])] = s
-        rows = {r.id: r for r in store.tracks(ids=list(scored), stream=stream, since=since, until=until)} if scored else {}
+        rows = (
+            {r.id: r for r in store.tracks(ids=list(scored), stream=stream, since=since, until=until)} if scored else {}
+        )
         best = sorted(((s, i) for i, s in scored.items() if i in rows), reverse=True)[:top]
         return [_match(rows[i], s, store) for s, i in best]
 
@@ -140,7 +143,8 @@ def export_sheets(db: Path, matches: Sequence[Match], out: Path, *, tiles: int =
                 step = max(1, len(row.boxes) // tiles)
                 crops = _crops(location, row.boxes[::step][:tiles])
             if not crops and m.thumbnail is not None and m.thumbnail.is_file():
-                crops = [cv2.imread(str(m.thumbnail))]
+                thumb = cv2.imread(str(m.thumbnail))
+                crops = [thumb] if thumb is not None else []
             if not crops:
                 continue
             path = out / f"track-{m.track}-{_safe(row.stream)}.jpg"
@@ -161,7 +165,7 @@ def _crops(location: str, boxes: list[list[float]]) -> list[np.ndarray]:
     with av.open(location) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
-        base = stream.time_base
+        base = stream.time_base or Fraction(1, 90000)
         start = float(stream.start_time * base) if stream.start_time is not None else 0.0
         i = 0
         for frame in container.decode(stream):

@@ -37,7 +37,27 @@ LIVE_SCHEMES = ("rtsp://", "rtsps://", "http://", "https://", "rtmp://", "srt://
 """URL prefixes taken as live streams."""
 
 VIDEO_SUFFIXES = frozenset(
-    ".avi .mp4 .m4v .mkv .mov .webm .ts .mts .m2ts .mpg .mpeg .flv .wmv .3gp .ogv .h264 .h265 .hevc .y4m".split()
+    [
+        ".avi",
+        ".mp4",
+        ".m4v",
+        ".mkv",
+        ".mov",
+        ".webm",
+        ".ts",
+        ".mts",
+        ".m2ts",
+        ".mpg",
+        ".mpeg",
+        ".flv",
+        ".wmv",
+        ".3gp",
+        ".ogv",
+        ".h264",
+        ".h265",
+        ".hevc",
+        ".y4m",
+    ]
 )
 """What a folder's files must end with to be taken as videos (a single file given by name is tried whatever it is)."""
 
@@ -99,14 +119,18 @@ def expand_sources(specs: Sequence[str]) -> list[Source]:
         if path.is_dir():
             videos = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in VIDEO_SUFFIXES)
             if not videos:
-                raise ConfigError(f"{spec}: a folder with no video files (looked for {', '.join(sorted(VIDEO_SUFFIXES))})")
+                raise ConfigError(
+                    f"{spec}: a folder with no video files (looked for {', '.join(sorted(VIDEO_SUFFIXES))})"
+                )
             sources.extend(Source(name=p.name, location=str(p), live=False) for p in videos)
         elif path.is_file():
             sources.append(Source(name=path.name, location=str(path), live=False))
         elif "://" in spec:
             raise ConfigError(f"{spec}: not a stream URL deskpod reads (valid: {', '.join(LIVE_SCHEMES)})")
         else:
-            raise ConfigError(f"{spec}: no such file or folder (give a video file, a folder of them, or an rtsp:// URL)")
+            raise ConfigError(
+                f"{spec}: no such file or folder (give a video file, a folder of them, or an rtsp:// URL)"
+            )
     seen: dict[str, str] = {}
     for s in sources:
         if s.name in seen:
@@ -186,7 +210,7 @@ def read_live(
     source: Source,
     fps: float,
     *,
-    backoff: Backoff = Backoff(),  # noqa: B008 (frozen)
+    backoff: Backoff = Backoff(),
     threads: int = 0,
     stop: threading.Event | None = None,
     on_event: Callable[[str], None] | None = None,
@@ -261,7 +285,7 @@ def read(
     *,
     after: float | None = None,
     threads: int = 0,
-    backoff: Backoff = Backoff(),  # noqa: B008 (frozen)
+    backoff: Backoff = Backoff(),
     stop: threading.Event | None = None,
     on_event: Callable[[str], None] | None = None,
 ) -> Iterator[Frame]:

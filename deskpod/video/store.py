@@ -23,6 +23,7 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -132,7 +133,15 @@ class Store:
         """Insert a track (inside the batch's transaction) and return its id."""
         cur = self.db.execute(
             "INSERT INTO tracks(stream, label, start, end, boxes, thumbnail, embedding) VALUES (?,?,?,?,?,?,?)",
-            (row.stream, row.label, row.start, row.end, json.dumps(row.boxes), row.thumbnail, self._blob(row.embedding)),
+            (
+                row.stream,
+                row.label,
+                row.start,
+                row.end,
+                json.dumps(row.boxes),
+                row.thumbnail,
+                self._blob(row.embedding),
+            ),
         )
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
@@ -185,7 +194,8 @@ class Store:
         with_embedding: bool = False,
     ) -> list[TrackRow]:
         """Tracks, oldest first, filtered: of ``stream``, of ``label``, overlapping [since, until]."""
-        where, args = [], []
+        where: list[str] = []
+        args: list[object] = []
         if ids is not None:
             where.append(f"id IN ({','.join('?' * len(ids))})")
             args += list(ids)
@@ -214,8 +224,7 @@ class Store:
             yield int(tid), np.frombuffer(blob, dtype=np.float32)
 
     @staticmethod
-    def _row(r: tuple[object, ...]) -> TrackRow:
+    def _row(r: tuple[Any, ...]) -> TrackRow:
         blob = r[7]
         emb = np.frombuffer(blob, dtype=np.float32) if isinstance(blob, bytes) else None
-        return TrackRow(int(r[0]), str(r[1]), str(r[2]), float(r[3]), float(r[4]),  # type: ignore[arg-type]
-                        json.loads(str(r[5])), str(r[6]), emb)  # fmt: skip
+        return TrackRow(int(r[0]), str(r[1]), str(r[2]), float(r[3]), float(r[4]), json.loads(r[5]), str(r[6]), emb)

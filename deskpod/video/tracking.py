@@ -44,7 +44,8 @@ class StreamTracker:
             mine = [d for d in detections if d.label == label]
             boxes = np.array([d.box for d in mine], dtype=np.float32).reshape(-1, 4)
             tracked = self._tracker(label).update(sv.Detections(xyxy=boxes), timestamp=t)
-            for xyxy, tid in zip(tracked.xyxy, tracked.tracker_id, strict=True):
+            ids = tracked.tracker_id if tracked.tracker_id is not None else np.full(len(tracked), -1)
+            for xyxy, tid in zip(tracked.xyxy, ids, strict=True):
                 if tid < 0:
                     continue
                 best = max(mine, key=lambda d: _iou(d.box, xyxy), default=None)
