@@ -14,17 +14,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import cv2
 import httpx
 import pytest
 
 import deskpod
 from deskpod.envs.accounts import Account
 from deskpod.errors import ConflictError
-from deskpod.video.sources import expand_sources, read
 from tests.jobs.pods import Pod, Pods, wait_state
 from tests.unix_users import make_users, shared_folder
 from tests.video.clips import clip
+from tests.video.man import clip_and_photo
 from tests.web.browser import csrf_of, launch_chromium, open_signed_in, sign_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
@@ -40,14 +39,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pod, Accou
     with make_users("vidy") as (acct,), shared_folder("deskpod-video-") as shared:
         folder = shared / "cams"
         folder.mkdir(mode=0o700)
-        cut = folder / "carphone-start.mp4"
-        frames = list(read(expand_sources([str(clip("carphone"))])[0], 30))
-        writer = cv2.VideoWriter(str(cut), cv2.VideoWriter_fourcc(*"mp4v"), 30, (176, 144))
-        for f in frames:
-            if f.pts < 2.5:
-                writer.write(f.image)
-        writer.release()
-        cv2.imwrite(str(folder / "man.png"), next(f.image for f in frames if f.pts > 3.3))
+        clip_and_photo(folder)
         for p in (folder, *folder.iterdir()):
             os.chown(p, acct.uid, acct.gid)
         pods = Pods(tmp_path_factory.mktemp("videopod"))
