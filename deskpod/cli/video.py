@@ -1,6 +1,6 @@
 """``deskpod video``: index camera streams and video files; search them for a face.
 
-deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...]   people and faces, tracked, into DB
+deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...] [--stats FILE]   people and faces, into DB
 deskpod video search --face PHOTO --db DB [--top K] [--since T] [--until T] [--stream S] [--export DIR]
 deskpod video watch --db DB --rules RULES [--webhook URL]          live alerts while DB is indexed
 deskpod video alerts --db DB                                        the alerts raised, with their delivery
@@ -51,6 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     i.add_argument("--batch", type=int, default=16, metavar="N", help="frames per batch across streams (default 16)")
     i.add_argument("--live-for", type=float, metavar="S", help="stop live streams after S seconds (default: never)")
+    i.add_argument(
+        "--stats",
+        metavar="FILE",
+        help="rewrite FILE (JSON) every few seconds with each stream's fps, lag, "
+        "frames, tracks and state, and the newest tracks (what a video job's dashboard page shows)",
+    )
     i.set_defaults(func=run_index)
 
     s = video.add_parser(
@@ -148,8 +154,13 @@ def run_index(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"deskpod: {line}", file=sys.stderr, flush=True)
 
+    progress = None
+    if args.stats:
+        from deskpod.video.progress import ProgressFile
+
+        progress = ProgressFile(Path(args.stats), Path(args.db)).write
     try:
-        report = index(sources, Path(args.db), config, stop=stop, on_event=say)
+        report = index(sources, Path(args.db), config, stop=stop, on_event=say, on_progress=progress)
     except KeyboardInterrupt:
         stop.set()
         raise

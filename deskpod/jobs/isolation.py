@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import threading
 import traceback
@@ -33,7 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from deskpod.envs import images
-from deskpod.envs.accounts import Account, as_account, current_account
+from deskpod.envs.accounts import Account, as_account, current_account, popen_credentials
 from deskpod.envs.cache import EnvCache, account_root
 from deskpod.envs.definition import EnvDefinition
 from deskpod.envs.python import resolve_python
@@ -42,6 +43,7 @@ from deskpod.envs.userfiles import open_beneath, prepare_owned_dir, scandir_bene
 from deskpod.errors import ConflictError
 from deskpod.jobs.identity import Accounts
 from deskpod.jobs.kinds import command
+from deskpod.jobs.kinds import video as video_kind
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.store import User
 from deskpod.jobs.supervisor import SHIM
@@ -135,6 +137,9 @@ class Isolation:
                 raise ConflictError(
                     f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)"
                 )
+        if spec.video is not None:
+            for fd, _, _ in self.video_binds(who, spec.video):
+                os.close(fd)
 
     def account(self, user: User | None) -> Account | None:
         """The account the job runs as, when it is not the daemon's own."""
@@ -144,15 +149,20 @@ class Isolation:
         return None if account.uid == self.accounts.daemon.uid else account
 
     def open_run(self, account: Account, run: Path) -> int:
-        """A descriptor of a training run to serve, opened as ``account`` may: a run in one of the pod's own job
-        folders is reached through the pod, not the filesystem (the pod's home may be closed to its users), so it
-        is the account's when its job folder is (or the account is the daemon's); it is opened from there with no
-        link followed. Any other folder is opened with the account's own rights (`open_as`). `ConflictError`, the
-        same for a missing run and one that is not the account's."""
-        refused = ConflictError(_SERVE_RUN.format(path=str(run)))
-        rel = _inside(Path(os.path.normpath(run)), self.jobs_root) if self.jobs_root is not None else None
+        """A descriptor of a training run to serve, opened as ``account`` may (`open_folder`)."""
+        return self.open_folder(account, run, _SERVE_RUN)
+
+    def open_folder(self, account: Account, path: Path, message: str) -> int:
+        """A descriptor of the folder ``path`` (a run to serve, a video job's database folder), opened as
+        ``account`` may: a folder in one of the pod's own job folders is reached through the pod, not the
+        filesystem (the pod's home may be closed to its users), so it is the account's when its job folder is (or
+        the account is the daemon's); it is opened from there with no link followed. Any other folder is opened
+        with the account's own rights (`open_as`). `ConflictError` with ``message`` (formatted with ``path``), the
+        same for a missing folder and one that is not the account's."""
+        refused = ConflictError(message.format(path=str(path)))
+        rel = _inside(Path(os.path.normpath(path)), self.jobs_root) if self.jobs_root is not None else None
         if rel is None:
-            return open_as(account, run, _SERVE_RUN)
+            return open_as(account, path, message)
         assert self.jobs_root is not None
         try:
             folder = open_beneath(self.jobs_root, rel.parts[0], directory=True)
@@ -229,6 +239,10 @@ class Isolation:
             fd = self.open_run(who, Path(spec.serve["run"]))
             fds.append(fd)
             binds.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+        if spec.video is not None:
+            for bind in self.video_binds(who, spec.video):
+                fds.append(bind[0])
+                binds.append(bind)
         building = False
         defn = spec.environment
         venv = defn if defn is not None and defn.kind != "image" else None  # an environment the cache builds
@@ -299,6 +313,49 @@ class Isolation:
             notes.append(f"as {account.name} (uid {account.uid})")
         return Prepared(argv, plan, options, owner, building, notes, tuple(fds))
 
+    def video_binds(self, account: Account, video: Mapping[str, Any]) -> list[tuple[int, Path, bool]]:
+        """What a video job reads and writes outside its folder, opened as ``account``, as sandbox binds ``(fd,
+        where, writable)``: each local source (a file or a folder of videos) read-only (`open_as`), and the
+        database's folder writable when the spec names one (`open_folder`). `ConflictError` naming the first that
+        the account cannot open."""
+        out: list[tuple[int, Path, bool]] = []
+        try:
+            for path in video_kind.local_sources(video):
+                fd = open_as(account, path, _VIDEO_SOURCE, directory=False)
+                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+            if "db" in video:
+                shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # the message is formatted
+                fd = self.open_folder(account, Path(video["db"]).parent, _VIDEO_DB.replace("{db!r}", shown))
+                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), True))
+        except BaseException:
+            for fd, _, _ in out:
+                os.close(fd)
+            raise
+        return out
+
+    def tool_argv(self, account: Account | None, argv: Sequence[str], binds: Sequence[tuple[int, Path, bool]]) -> tuple[
+            list[str], dict[str, Any]]:  # fmt: skip
+        """How the pod runs a short command of its own for a user's job (the dashboard's face search in a video job's
+        database): as the job's ``account`` and, on a pod with walls, inside the same walls as its jobs, with
+        ``binds`` ``(fd, where, writable)`` (folders opened as the account) shown. The command line and the
+        ``subprocess`` arguments that start it (the descriptors to pass, and the account when there are no walls
+        to switch to it)."""
+        fds = tuple(b[0] for b in binds)
+        if not self.sandbox:
+            creds: dict[str, Any] = dict(popen_credentials(account)) if account is not None else {}
+            return list(argv), {"pass_fds": fds, **creds}
+        readable = list(self.readable)
+        closed = closed_ancestors(readable)
+        covered = [*closed, *self.hidden, *SANDBOX_TMPFS]
+        walls = Walls(
+            hidden=tuple(dict.fromkeys([*self.hidden, *closed])),
+            extra_ro=tuple(p for p in dict.fromkeys(readable) if _under_any(Path(os.path.realpath(p)), covered)),
+            binds=tuple(binds),
+        )
+        root = self.accounts is not None and self.accounts.root and account is not None
+        line = sandbox_argv(walls, argv, account=account, cwd=Path("/"), switch_user=bool(root))
+        return line, {"pass_fds": fds}
+
     def prune_soon(self, max_bytes: int) -> None:
         """Prune the environment cache to ``max_bytes`` in the background (never an environment in use)."""
 
@@ -326,6 +383,8 @@ requirements or lock it came from."""
 
 _WORKDIR = "job spec: workdir {path!r} is not a folder you can open on this box"
 _SERVE_RUN = "job spec: serve.run {path!r} is not a run folder you can open on this box"
+_VIDEO_SOURCE = "job spec: video.sources {path!r} is not a video file or folder you can open on this box"
+_VIDEO_DB = "job spec: video.db {db!r}: its folder {path!r} is not one you can open on this box"
 
 
 def _inside(path: Path, top: Path) -> Path | None:
@@ -346,14 +405,20 @@ def _has_checkpoint(run: int) -> bool:
     return any(checkpoint_step(Path(n)) is not None for n in names)
 
 
-def open_as(account: Account, path: Path, message: str) -> int:
-    """A descriptor of the folder ``path``, opened with ``account``'s rights (`as_account`); `ConflictError` with
-    ``message`` when it cannot be, the same whether it is missing or closed to the account, so that the answer
+def open_as(account: Account, path: Path, message: str, *, directory: bool = True) -> int:
+    """A descriptor of the folder ``path`` (with ``directory=False``: the file or folder), opened with ``account``'s
+    rights (`as_account`); `ConflictError` with ``message`` when it cannot be, the same whether it is missing or closed to the account, so that the answer
     reveals nothing of what the account cannot see."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NONBLOCK | os.O_NOCTTY)
     try:
-        return as_account(account, lambda: os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        fd = as_account(account, lambda: os.open(path, flags))
     except OSError:
         raise ConflictError(message.format(path=str(path))) from None
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):  # a FIFO or a device: nothing a job reads video from
+        os.close(fd)
+        raise ConflictError(message.format(path=str(path)))
+    return fd
 
 
 def describe(defn: EnvDefinition) -> str:

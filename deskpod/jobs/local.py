@@ -73,6 +73,8 @@ class LocalExecutor:
         """Refuse valid specs that this box cannot take: a conflict with its state (409), not bad input."""
         if spec.serve is not None:
             require_extra("serve", "job spec: a serve job", ConflictError)
+        if spec.video is not None:
+            require_extra("video", "job spec: a video job", ConflictError)
         if spec.nodes > 1:
             raise ConflictError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "

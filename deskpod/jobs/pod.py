@@ -235,7 +235,7 @@ class Pod:
         """The run folder a train job writes (``runs/<name>/`` in its job folder), or a command job that made
         one there (``deskpod run`` does, from ``DESKPOD_JOB_DIR``); None otherwise."""
         folder = self.job_folder(job) / "runs" / job.spec.name
-        if job.spec.train is not None or (job.spec.serve is None and stat_path(folder / "run.json") is not None):
+        if job.spec.train is not None or (job.spec.kind == "command" and stat_path(folder / "run.json") is not None):
             return folder
         return None
 

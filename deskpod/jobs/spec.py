@@ -7,6 +7,7 @@ daemon stores it, so nothing is ever executed from a bad spec::
     name = "resnet-sweep-3"          # letters, digits, . _ - (no shell metacharacters, no path separators)
     command = ["python", "x.py"]     # an argv list, never run through a shell ... or a [train] table,
                                      # or a [serve] table: serve a run's model until the job is stopped
+                                     # or a [video] table: index camera streams (deskpod video index)
     devices = 2                      # a count, or "all"
     placement = "best"               # best | pack | partition:<name>
     priority = 0                     # higher runs first (-1000..1000)
@@ -29,7 +30,7 @@ daemon stores it, so nothing is ever executed from a bad spec::
     scratch = "/local/scratch"       # where (default /tmp/deskpod-scratch); scratch_limit_gb = 500
     env_cache = "/shared/envs"       # where nodes build [environment]s (default ~/.deskpod/envs)
 
-What a job runs is its kind's business: its field (``command``, ``[train]`` or ``[serve]``) is parsed, checked and
+What a job runs is its kind's business: its field (``command``, ``[train]``, ``[serve]`` or ``[video]``) is parsed, checked and
 turned into an argv by its module in `deskpod.jobs.kinds`.
 """
 
@@ -77,7 +78,7 @@ MAX_RETRIES = 10
 MAX_ENV = 256
 
 FIELDS = (
-    "name", "command", "train", "serve", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
+    "name", "command", "train", "serve", "video", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
     "nodes", "slurm", "environment",
 )  # fmt: skip
 MAX_NODES = 4096
@@ -91,7 +92,7 @@ KINDS = tuple(KIND_MODULES)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
-    """One job, validated. Exactly one of ``command``, ``train`` and ``serve`` is set."""
+    """One job, validated. Exactly one of ``command``, ``train``, ``serve`` and ``video`` is set."""
 
     name: str
     """Shown in listings; letters, digits, ``._-``, at most `NAME_MAX` (64) characters: a train job's run folder
@@ -102,6 +103,8 @@ class JobSpec:
     """A `deskpod train` config table; the job runs the trainer on it (and resumes from its checkpoint)."""
     serve: Mapping[str, Any] | None = None
     """What to serve (every key of `SERVE_FIELDS` filled in): the job exports the run and serves it."""
+    video: Mapping[str, Any] | None = None
+    """What to index (`deskpod.jobs.kinds.video`): the job runs ``deskpod video index`` on its streams."""
     devices: int | str = 1
     """A count from 1, or ``"all"`` (resolved to this box's device count at submission)."""
     placement: str = "best"
@@ -127,12 +130,12 @@ class JobSpec:
 
     @property
     def kind(self) -> str:
-        return "train" if self.train is not None else "serve" if self.serve is not None else "command"
+        return next((k for k in ("train", "serve", "video") if getattr(self, k) is not None), "command")
 
     @property
     def what(self) -> Any:
-        """The kind's field: the command, the train table or the serve table."""
-        return self.train if self.train is not None else self.serve if self.serve is not None else self.command
+        """The kind's field: the command, or the train, serve or video table."""
+        return self.command if self.kind == "command" else getattr(self, self.kind)
 
     def argv(self, folder: Path) -> list[str]:
         """The command line the job runs in its ``folder``: its kind's (`deskpod.jobs.kinds`)."""
@@ -209,7 +212,8 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     if len(given) != 1:
         raise ConfigError(
             'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]), train (a table of'
-            f" deskpod train settings) and serve (a table with run = PATH); got {' and '.join(given) or 'none'}"
+            f" deskpod train settings), serve (a table with run = PATH) and video (a table with sources = [...]);"
+            f" got {' and '.join(given) or 'none'}"
         )
     kind = KIND_MODULES[given[0]]
     value = kind.parse(data[given[0]])
@@ -295,7 +299,7 @@ def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:
         return None
     if deskpod_job:
         raise ConfigError(
-            "job spec: environment applies to command jobs; a train or serve job runs deskpod itself, in the "
+            "job spec: environment applies to command jobs; a train, serve or video job runs deskpod itself, in the "
             'daemon\'s Python (for your own script in your own packages: command = ["python", "train.py"])'
         )
     return parse_environment(table)
@@ -371,11 +375,17 @@ def _env_schema() -> dict[str, Any]:
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "description": "A job: exactly one of command, train and serve says what it runs; environment only with command.",
+    "description": "A job: exactly one of command, train, serve and video says what it runs; environment only with"
+    " command.",
     "oneOf": [
-        {"required": ["command"], "properties": {"train": False, "serve": False}},
-        {"required": ["train"], "properties": {"command": False, "serve": False, "environment": False}},
-        {"required": ["serve"], "properties": {"command": False, "train": False, "environment": False}},
+        {
+            "required": [kind],
+            "properties": {
+                **{k: False for k in KINDS if k != kind},
+                **({} if kind == "command" else {"environment": False}),
+            },
+        }
+        for kind in KINDS
     ],
     "properties": {
         "name": {"type": "string", "pattern": NAME_RE.pattern},

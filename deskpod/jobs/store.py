@@ -391,7 +391,7 @@ class Store:
         where, args = "1=1", []
         # A job's kind is the field its stored spec has (`JobSpec.to_json`): no column to keep in step with it.
         if kind == "command":
-            where += " AND json_type(spec, '$.train') IS NULL AND json_type(spec, '$.serve') IS NULL"
+            where += "".join(f" AND json_type(spec, '$.{k}') IS NULL" for k in KINDS if k != "command")
         elif kind is not None:
             if kind not in KINDS:
                 raise ValueError(f"job kind {kind!r}: expected one of {', '.join(KINDS)}")

@@ -72,6 +72,8 @@ class StreamStats:
     """Committed progress it restarted from."""
     error: str = ""
     """Why it stopped early ("" when it did not)."""
+    state: str = "indexing"
+    """``indexing``, then ``done``, ``failed`` (with its `error`) or ``stopped`` (the run ended before it did)."""
     first_at: float = 0.0
 
     @property
@@ -112,8 +114,11 @@ def index(
     *,
     stop: threading.Event | None = None,
     on_event: Callable[[str], None] | None = None,
+    on_progress: Callable[[Sequence[StreamStats], Store, bool], None] | None = None,
 ) -> IndexReport:
-    """Index ``sources`` into the database at ``db``, resuming where an earlier run committed."""
+    """Index ``sources`` into the database at ``db``, resuming where an earlier run committed. ``on_progress``
+    is called (on this thread) after each committed batch with every stream's figures and the store, and with
+    ``True`` when a stream ends and when the run does (`deskpod.video.progress` writes them to a file)."""
     stop = stop or threading.Event()
     say = on_event or (lambda _line: None)
     detectors = make_detectors(config.detect)
@@ -198,11 +203,20 @@ def index(
             if batch:
                 _run_batch(batch, detectors, labels, embedder, trackers, active, store, stats, config, stages)
                 batches += 1
+                if on_progress is not None:
+                    on_progress(list(stats.values()), store, False)
             for name, error in finished:
                 _close_stream(store, active, name, error, stats[name], say)
+            if finished and on_progress is not None:
+                on_progress(list(stats.values()), store, True)
     finally:
         stop.set()
         live_stop.set()
+        for st in stats.values():
+            if st.state == "indexing":  # stopped (a signal, --live-for) or interrupted before its end
+                st.state = "stopped"
+        if on_progress is not None:
+            on_progress(list(stats.values()), store, True)
         store.close()
     return IndexReport(list(stats.values()), batches, time.monotonic() - started, stages)
 
@@ -218,6 +232,7 @@ def _close_stream(
                 store.update_track(tr.row, closed=True)
     store.finish(name, error)
     st.error = error
+    st.state = "failed" if error else "done"
     say(f"{error}" if error else f"{name}: done, {st.frames} frames at {st.fps:.1f} fps")
 
 

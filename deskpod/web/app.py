@@ -50,6 +50,7 @@ PAGES = (
     "deskpod.web.launch",
     "deskpod.web.compare",
     "deskpod.web.models",
+    "deskpod.web.video",
 )
 """Modules that add pages, each with ``register(app, web)``."""
 

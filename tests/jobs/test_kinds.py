@@ -150,6 +150,27 @@ def test_a_serve_job(pod: Pod, admin: httpx.Client, source_run: tuple[str, Path]
     assert pod.client().job(ids[0])["name"] == "serve-k-src"
 
 
+def test_a_video_job(pod: Pod, admin: httpx.Client, tmp_path: Path) -> None:
+    """``deskpod submit`` of a ``[video]`` table, the API, and the dashboard's New video job form."""
+    source = str(Path("/usr/share/doc/opencv-doc/examples/data/vtest.avi"))
+    if not Path(source).is_file():
+        pytest.skip("vtest.avi is missing: Debian package opencv-doc (apt-get install -y opencv-doc)")
+    form = {"sources": f"{source}\nrtsp://127.0.0.1:8554/gate", "db": "", "fps": "2.5", "detect": "hog-people",
+            "batch": "8", "devices": "1", "name": ""}  # fmt: skip
+    r = admin.post("/ui/video/new", data={**form, "csrf": csrf_of(admin, "/ui/video")},
+                   headers={"Accept": "application/json"})  # fmt: skip
+    assert r.status_code == 201, r.text
+    spec = {"devices": 1, "video": {"sources": [source, "rtsp://127.0.0.1:8554/gate"], "fps": 2.5,
+                                    "detect": ["hog-people"], "batch": 8}}  # fmt: skip
+    ids = [cli(pod, "submit", spec_file(tmp_path, spec)), str(pod.client().submit(spec)["id"]), str(r.json()["id"])]
+    argv = same_job(pod, ids, tmp_path)
+    folder = tmp_path / "job"
+    assert argv == [sys.executable, "-m", "deskpod", "video", "index", source, "rtsp://127.0.0.1:8554/gate",
+                    "--db", str(folder / "video.db"), "--fps", "2.5", "--detect", "hog-people", "--batch", "8",
+                    "--stats", str(folder / "video-stats.json")]  # fmt: skip
+    assert pod.client().job(ids[0])["name"] == "video-vtest.avi"
+
+
 def test_a_kind_refuses_bad_input_the_same_way_everywhere(pod: Pod, tmp_path: Path) -> None:
     """The kind's own message, through the API and the CLI alike."""
     bad = {"serve": {"run": "/r/a", "format": "tensorrt"}}

@@ -13,24 +13,17 @@ from deskpod.errors import DataError, UsageError
 from deskpod.video.faces import embed_photo
 from deskpod.video.indexer import IndexConfig, index
 from deskpod.video.search import THRESHOLD, export_sheets, search_face, sync_index
-from deskpod.video.sources import expand_sources, read
+from deskpod.video.sources import expand_sources
 from deskpod.video.store import Store
 from tests.video.clips import clip
+from tests.video.man import clip_and_photo
 
 
 @pytest.fixture(scope="module")
 def indexed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """carphone's first 2.5 s indexed with cockatoo; a photo of the man from 3.3 s (a frame never analysed)."""
     folder = tmp_path_factory.mktemp("search")
-    cut = folder / "carphone-start.mp4"
-    frames = list(read(expand_sources([str(clip("carphone"))])[0], 30))
-    writer = cv2.VideoWriter(str(cut), cv2.VideoWriter_fourcc(*"mp4v"), 30, (176, 144))
-    for f in frames:
-        if f.pts < 2.5:
-            writer.write(f.image)
-    writer.release()
-    photo = folder / "man.png"
-    cv2.imwrite(str(photo), next(f.image for f in frames if f.pts > 3.3))
+    cut, photo = clip_and_photo(folder)
     db = folder / "v.db"
     report = index(expand_sources([str(cut), str(clip("cockatoo"))]), db, IndexConfig(detect=("dlib-hog-face",)))
     assert not report.failed

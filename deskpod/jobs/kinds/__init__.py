@@ -8,6 +8,7 @@ kind's argv is built in one place. A kind is a module with this shape (`Kind`)::
     command   command = ["python", "x.py"]          the argv itself (kinds/command.py)
     train     [train] model = "resnet18" ...         deskpod train on the table, resumed (kinds/train.py)
     serve     [serve] run = "/abs/runs/NAME" ...     export the run if new, then deskpod serve (kinds/serve.py)
+    video     [video] sources = ["/abs/cam.mp4"] ...  deskpod video index, its figures to a file (kinds/video.py)
 
 ``deskpod run --submit`` queues a command job whose argv is ``deskpod run ...`` (kinds/run.py builds it).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from deskpod.jobs.kinds import command, serve, train
+from deskpod.jobs.kinds import command, serve, train, video
 
 
 class Kind(Protocol):
@@ -35,5 +36,5 @@ class Kind(Protocol):
         """The command line job ``name`` runs in its ``folder`` (writing there what the command line names)."""
 
 
-KINDS: dict[str, Kind] = {"command": command, "train": train, "serve": serve}
+KINDS: dict[str, Kind] = {"command": command, "train": train, "serve": serve, "video": video}
 """A spec has exactly one of these fields; it says what the job runs."""

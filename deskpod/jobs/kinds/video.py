@@ -1,0 +1,137 @@
+"""A video job: ``[video]``, ``deskpod video index`` over camera streams and video files, run for as long as the
+streams last (a live one: until the job is stopped), writing its per-stream figures to the job folder's
+``video-stats.json`` every few seconds for the dashboard's video page::
+
+    [video]
+    sources = ["/abs/cams/door.mp4", "rtsp://127.0.0.1:8554/gate"]   # files, folders of them, live URLs
+    db = "/abs/path/video.db"        # the index (default: video.db in the job's folder)
+    fps = 5                          # frames analysed per second of video, per stream
+    detect = ["hog-people", "dlib-hog-face"]
+    batch = 16                       # frames per batch across streams
+
+The kind only builds the command line: the pod never imports the video application (`deskpod.video`, a layer
+above it). On a pod that runs jobs as their users' accounts, a local source and the database's folder are opened
+as the account at submission and at each start, and shown to its sandbox as opened (`deskpod.jobs.isolation`);
+a URL needs only the network, which a job has.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from deskpod.errors import ConflictError
+from deskpod.jobs.kinds.fields import bad, integer, table
+from deskpod.train.runs import NAME_MAX
+
+FIELDS = ("sources", "db", "fps", "detect", "batch")
+DETECTORS = ("hog-people", "dlib-hog-face", "haar-face", "dlib-cnn-face")
+"""The detectors ``deskpod video index --detect`` knows (`deskpod.video.detectors.DETECTORS`; a test keeps the two
+in step: the pod cannot import the application to ask it)."""
+DEFAULT_DETECT = ("hog-people", "dlib-hog-face")
+MAX_SOURCES = 256
+MAX_FPS = 120.0
+BATCH = (16, 1, 1024)
+"""``batch``: (default, lowest, highest)."""
+DB_NAME = "video.db"
+STATS_FILE = "video-stats.json"
+"""In the job's folder: what ``deskpod video index --stats`` writes (`deskpod.video.progress`)."""
+SOURCE = "^(/[^\\u0000]*|(rtsps?|https?)://[^\\u0000-\\u0020\\u007f]+)$"
+"""A source: an absolute path, or a URL with no space or control character (the API's schema and `parse` alike)."""
+DB = "^/[^\\u0000]*[^/\\u0000]$"
+"""A database: an absolute path of a file (not ending in '/')."""
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["sources"],
+    "properties": {
+        "sources": {
+            "type": "array", "minItems": 1, "maxItems": MAX_SOURCES,
+            "uniqueItems": True, "items": {"type": "string", "maxLength": 4096, "pattern": SOURCE},
+            "description": "absolute paths of video files or folders of them, or live rtsp:// / http(s):// URLs",
+        },
+        "db": {"type": "string", "pattern": DB, "maxLength": 4096,
+               "description": f"absolute path of the index database (default: {DB_NAME} in the job folder)"},
+        "fps": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FPS},
+        "detect": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(DETECTORS)}},
+        "batch": {"type": "integer", "minimum": BATCH[1], "maximum": BATCH[2]},
+    },
+}  # fmt: skip
+
+
+def parse(t: object) -> dict[str, Any]:
+    """The ``[video]`` table, checked, with its defaults filled in (``db`` stays out when not given: the job's
+    folder is known only when it starts)."""
+    t = table(t, "video", FIELDS, 'expected a table with sources = ["/abs/path/clip.mp4", "rtsp://..."]')
+    sources = t.get("sources")
+    if not isinstance(sources, list) or not 1 <= len(sources) <= MAX_SOURCES:
+        raise bad("video.sources", sources, f'expected a list of 1 to {MAX_SOURCES} paths or URLs, e.g. sources = '
+                  '["/home/me/cams/door.mp4", "rtsp://127.0.0.1:8554/gate"]')  # fmt: skip
+    for s in sources:
+        if not isinstance(s, str) or len(s) > 4096 or not re.fullmatch(SOURCE, s):
+            raise bad("video.sources", s, "each source is an absolute path (a file or a folder of videos) or an "
+                      "rtsp://, rtsps://, http:// or https:// URL (no spaces)")  # fmt: skip
+    if len(set(sources)) != len(sources):
+        dup = next(s for s in sources if sources.count(s) > 1)
+        raise bad("video.sources", dup, "name each source once")
+    out: dict[str, Any] = {"sources": list(sources)}
+    if "db" in t:
+        db = t["db"]
+        if not isinstance(db, str) or len(db) > 4096 or not re.fullmatch(DB, db):
+            raise bad("video.db", db, 'expected the absolute path of a database file, e.g. db = "/home/me/video.db"')
+        out["db"] = db
+    fps = t.get("fps", 5)
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps <= MAX_FPS:
+        raise bad("video.fps", fps, f"expected frames per second above 0 and at most {MAX_FPS:g}, e.g. fps = 5")
+    out["fps"] = float(fps)
+    detect = t.get("detect", list(DEFAULT_DETECT))
+    if not isinstance(detect, list) or not detect or not all(isinstance(d, str) for d in detect):
+        raise bad("video.detect", detect, f'expected a list of detector names, e.g. detect = ["{DEFAULT_DETECT[0]}"]')
+    for d in detect:
+        if d not in DETECTORS:
+            raise bad("video.detect", d, f"use one of {', '.join(DETECTORS)}")
+    out["detect"] = list(dict.fromkeys(detect))
+    out["batch"] = integer(t, "batch", BATCH[0], BATCH[1], BATCH[2], "video.")
+    return out
+
+
+def default_name(video: Mapping[str, Any], fallback: str) -> str:
+    """``video-`` and the first source's name: ``video-door.mp4``, ``video-gate`` (an RTSP path)."""
+    first = str(video["sources"][0]).rstrip("/")
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", first.rsplit("/", 1)[-1]).strip(".-_")
+    return f"video-{stem}"[:NAME_MAX].rstrip(".-_") if stem else "video"
+
+
+def local_sources(video: Mapping[str, Any]) -> list[Path]:
+    """The sources that are paths on this box (the others are URLs)."""
+    return [Path(s) for s in video["sources"] if str(s).startswith("/")]
+
+
+def db_path(video: Mapping[str, Any], folder: Path) -> Path:
+    """The job's index database: ``db``, or ``video.db`` in its ``folder``."""
+    return Path(video["db"]) if "db" in video else folder / DB_NAME
+
+
+def check(video: Mapping[str, Any]) -> None:
+    """Every local source is here (a pod with isolation opens them as the user instead, `deskpod.jobs.isolation`),
+    and the database's folder is."""
+    for path in local_sources(video):
+        if not path.exists():
+            raise ConflictError(f"job spec: video.sources {str(path)!r} is not a file or folder on this box")
+    if "db" in video and not Path(video["db"]).parent.is_dir():
+        raise ConflictError(f"job spec: video.db {video['db']!r}: its folder is not on this box; make it first")
+
+
+def argv(video: Mapping[str, Any], name: str, folder: Path) -> list[str]:
+    """``deskpod video index`` over the sources into the job's database, writing its figures to the job folder's
+    `STATS_FILE`; a restarted job resumes each file where the database says it stopped."""
+    v = video
+    return [
+        sys.executable, "-m", "deskpod", "video", "index", *v["sources"], "--db", str(db_path(v, folder)),
+        "--fps", f"{float(v['fps']):g}", "--detect", *v["detect"], "--batch", str(v["batch"]),
+        "--stats", str(folder / STATS_FILE),
+    ]  # fmt: skip
