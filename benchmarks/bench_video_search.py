@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_video_search.py                 # table + JSON, updates docs/benchmarks.md
     .venv/bin/python benchmarks/bench_video_search.py --vectors 200000 --no-hnsw --no-docs
 
-Target (issue 32): at 1,000,000 face vectors, top-10 search p95 <= 10 ms with recall@10 >= 0.95 against exact
+Target: at 1,000,000 face vectors, top-10 search p95 <= 10 ms with recall@10 >= 0.95 against exact
 search (FAISS ``IndexFlatIP`` over the same vectors, computed in this run).
 
 The vectors. Real ones first: dlib's 128-d descriptors (HOG face detector, 5-point landmarks, ResNet, the models

@@ -52,6 +52,8 @@ def test_each_extra_is_looked_for_by_the_modules_of_its_distributions() -> None:
         (["serve", "models"], "serve", "deskpod serve"),
         (["export", "runs/r"], "serve", "deskpod export"),
         (["bench", "serve", "--model", "m"], "serve", "deskpod bench serve"),
+        (["video", "index", "clip.mp4", "--db", "v.db"], "video", "deskpod video"),
+        (["video", "search", "--face", "me.jpg", "--db", "v.db"], "video", "deskpod video"),
     ],
 )
 def test_a_command_without_its_extra_says_which_to_install(

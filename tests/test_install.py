@@ -85,7 +85,7 @@ def test_the_core_installs_no_library_of_an_extra(lean: Lean) -> None:
 
 def test_every_module_outside_the_extras_imports(lean: Lean) -> None:
     """Core modules import no library of an extra when they are imported (they may inside a function); only
-    modules of deskpod.lung and deskpod.serve may need one, and only one of an extra's."""
+    modules of deskpod.lung, deskpod.serve and deskpod.video may need one, and only one of an extra's."""
     code = (
         "import importlib, json, pkgutil, deskpod\n"
         "missing = {}\n"
@@ -103,7 +103,7 @@ def test_every_module_outside_the_extras_imports(lean: Lean) -> None:
     assert doc["file"].startswith(str(lean.root / "venv")), doc["file"]  # the installed copy, not this checkout
     extra_modules = {m.split(".")[0] for mods in EXTRAS.values() for m in mods}
     for module, needs in doc["missing"].items():
-        assert module.startswith(("deskpod.lung.", "deskpod.serve.")), (module, needs)
+        assert module.startswith(("deskpod.lung.", "deskpod.serve.", "deskpod.video.")), (module, needs)
         assert needs.split(".")[0] in extra_modules, (module, needs)
     assert any(m.startswith("deskpod.lung.") for m in doc["missing"])  # the extras are really absent
 
@@ -123,6 +123,7 @@ def test_train_runs_on_the_core(lean: Lean) -> None:
         (["serve", "models"], "serve", "deskpod serve"),
         (["export", "runs/r"], "serve", "deskpod export"),
         (["bench", "serve", "--model", "m"], "serve", "deskpod bench serve"),
+        (["video", "index", "clip.mp4", "--db", "v.db"], "video", "deskpod video"),
     ],
 )
 def test_a_command_of_an_extra_says_which_to_install(lean: Lean, argv: list[str], extra: str, command: str) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 from deskpod.environment.files import write_bytes, write_json
 from deskpod.errors import UsageError
 from deskpod.train.data import UNSORTED
-from deskpod.video.sources import Source, _decode, _open, _video_stream
+from deskpod.video.sources import Source, decode, open_container, to_bgr, video_stream
 from deskpod.video.store import Store, TrackRow
 
 MARGIN = 0.1
@@ -136,15 +136,15 @@ def file_crops(source: Source, wanted: dict[int, list[list[float]]]) -> Iterator
     events = sorted((b[0], tid, i) for tid, boxes in wanted.items() for i, b in enumerate(boxes))
     remaining = {tid: len(boxes) for tid, boxes in wanted.items()}
     got: dict[int, list[Crop]] = {tid: [] for tid in wanted}
-    container = _open(source, 30.0)
+    container = open_container(source, 30.0)
     try:
-        stream = _video_stream(container, source, 0)
+        stream = video_stream(container, source, 0)
         base = stream.time_base or Fraction(1, 90000)
         start = float(stream.start_time * base) if stream.start_time is not None else 0.0
         if events and events[0][0] > 1.0:  # to the keyframe before the first box: the same frames, less decoding
             container.seek(int((events[0][0] + start - 1.0) / base), stream=stream, backward=True, any_frame=False)
         j = 0
-        for frame in _decode(container, stream, source):
+        for frame in decode(container, stream, source):
             if j >= len(events):
                 break
             if frame.pts is None:
@@ -155,7 +155,7 @@ def file_crops(source: Source, wanted: dict[int, list[list[float]]]) -> Iterator
                 _, tid, i = events[j]
                 j += 1
                 box = wanted[tid][i]
-                image = frame.to_ndarray(format="bgr24") if image is None else image
+                image = to_bgr(frame) if image is None else image
                 piece = cut(image, box[1:5])
                 if piece is not None:
                     got[tid].append(Crop(tid, float(box[0]), (box[1], box[2], box[3], box[4]), piece))

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from fractions import Fraction
 from pathlib import Path
 
-import av
 import cv2
 import numpy as np
 
 from deskpod.environment.files import write_bytes
 from deskpod.errors import DataError, UsageError
+from deskpod.video.crops import file_crops
 from deskpod.video.faces import embed_photo
+from deskpod.video.sources import Source
 from deskpod.video.store import Store, TrackRow
 from deskpod.video.vectors import FaceIndex
 
@@ -141,7 +141,7 @@ def export_sheets(db: Path, matches: Sequence[Match], out: Path, *, tiles: int =
             crops: list[np.ndarray] = []
             if not live and Path(location).is_file():
                 step = max(1, len(row.boxes) // tiles)
-                crops = _crops(location, row.boxes[::step][:tiles])
+                crops = _tiles(Source(row.stream, location, live=False), row.id, row.boxes[::step][:tiles])
             if not crops and m.thumbnail is not None and m.thumbnail.is_file():
                 thumb = cv2.imread(str(m.thumbnail))
                 crops = [thumb] if thumb is not None else []
@@ -159,31 +159,15 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:60]
 
 
-def _crops(location: str, boxes: list[list[float]]) -> list[np.ndarray]:
-    wanted = sorted(boxes, key=lambda b: b[0])
-    crops = []
-    with av.open(location) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        base = stream.time_base or Fraction(1, 90000)
-        start = float(stream.start_time * base) if stream.start_time is not None else 0.0
-        i = 0
-        for frame in container.decode(stream):
-            if i >= len(wanted) or frame.pts is None:
-                break
-            t = float(frame.pts * base) - start
-            while i < len(wanted) and t + 1e-3 >= wanted[i][0]:
-                _, x1, y1, x2, y2, _ = wanted[i]
-                img = frame.to_ndarray(format="bgr24")
-                h, w = img.shape[:2]
-                mx, my = (x2 - x1) * 0.15, (y2 - y1) * 0.15
-                crop = img[max(0, int(y1 - my)) : min(h, int(y2 + my)), max(0, int(x1 - mx)) : min(w, int(x2 + mx))]
-                if crop.size:
-                    crop = crop.copy()
-                    cv2.putText(crop, f"{t:.1f}s", (2, 12), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 255, 255), 1)
-                    crops.append(crop)
-                i += 1
-    return crops
+def _tiles(source: Source, track: int, boxes: list[list[float]]) -> list[np.ndarray]:
+    """Crops of ``track`` at ``boxes`` (`crops.file_crops`: the file decoded once), each stamped with its time."""
+    tiles = []
+    for _, crops in file_crops(source, {track: boxes}):
+        for c in crops:
+            tile = c.image.copy()
+            cv2.putText(tile, f"{c.t:.1f}s", (2, 12), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 255, 255), 1)
+            tiles.append(tile)
+    return tiles
 
 
 def _sheet(crops: list[np.ndarray], columns: int, height: int = 128) -> np.ndarray:

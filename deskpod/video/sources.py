@@ -145,7 +145,8 @@ def expand_sources(specs: Sequence[str]) -> list[Source]:
     return sources
 
 
-def _open(source: Source, timeout_s: float) -> Any:
+def open_container(source: Source, timeout_s: float) -> Any:
+    """``source`` opened with PyAV (``timeout_s`` for opening and for each read); `StreamError` when it cannot be."""
     # RTSP: FFmpeg's default transport (UDP, then TCP when UDP gets nothing): some servers speak only one.
     try:
         return av.open(source.location, timeout=(timeout_s, timeout_s))
@@ -153,7 +154,8 @@ def _open(source: Source, timeout_s: float) -> Any:
         raise StreamError(f"{source.name}: cannot open {source.location}: {e}", source.name) from e
 
 
-def _video_stream(container: Any, source: Source, threads: int) -> Any:
+def video_stream(container: Any, source: Source, threads: int) -> Any:
+    """The container's first video stream, set to decode on ``threads`` threads; `StreamError` when it has none."""
     if not container.streams.video:
         container.close()
         raise StreamError(f"{source.name}: {source.location} has no video stream", source.name)
@@ -206,16 +208,16 @@ class Sampler:
 
 def read_file(source: Source, fps: float, *, after: float | None = None, threads: int = 0) -> Iterator[Frame]:
     """The sampled frames of a file, from the start or from just after ``after`` seconds (a restart)."""
-    container = _open(source, 30.0)
+    container = open_container(source, 30.0)
     try:
-        stream = _video_stream(container, source, threads)
+        stream = video_stream(container, source, threads)
         base = stream.time_base or Fraction(1, 90000)
         start = float(stream.start_time * base) if stream.start_time is not None else 0.0
         if after is not None and after > 1.0:
             container.seek(int((after + start - 1.0) / base), stream=stream, backward=True, any_frame=False)
         sampler = Sampler(fps, after)
         index = 0
-        frames = _decode(container, stream, source)
+        frames = decode(container, stream, source)
         if threads != 1 and (threads > 1 or (os.cpu_count() or 1) > 1):
             frames = _ahead(frames)
         try:
@@ -232,7 +234,8 @@ def read_file(source: Source, fps: float, *, after: float | None = None, threads
         container.close()
 
 
-def _decode(container: Any, stream: Any, source: Source) -> Generator[Any]:
+def decode(container: Any, stream: Any, source: Source) -> Generator[Any]:
+    """Every frame of ``stream``, in order; a decoding error becomes `StreamError` naming the source."""
     try:
         yield from container.decode(stream)
     except av.FFmpegError as e:
@@ -299,7 +302,7 @@ def read_live(
     connects = 0
     while not stop.is_set():
         try:
-            container = _open(source, min(backoff.give_up_s, 10.0))
+            container = open_container(source, min(backoff.give_up_s, 10.0))
         except StreamError as e:
             if clock() - last_frame_at > backoff.give_up_s:
                 raise StreamError(f"{e} (no frame for {backoff.give_up_s:g} s; gave up)", source.name) from e
@@ -312,11 +315,11 @@ def read_live(
         if connects > 1 and on_event:
             on_event(f"{source.name}: reconnected")
         try:
-            stream = _video_stream(container, source, threads)
+            stream = video_stream(container, source, threads)
             base = stream.time_base or Fraction(1, 90000)
             anchor_wall: float | None = None
             anchor_pts = 0.0
-            for frame in _decode(container, stream, source):
+            for frame in decode(container, stream, source):
                 if stop.is_set():
                     return
                 if frame.pts is None:
@@ -370,9 +373,9 @@ def read(
 def decode_all(location: str, threads: int = 0) -> int:
     """Decode every frame of a file and return how many (what the decode benchmark times against ffmpeg)."""
     source = Source(Path(location).name, location, live=False)
-    container = _open(source, 30.0)
+    container = open_container(source, 30.0)
     try:
-        stream = _video_stream(container, source, threads)
-        return sum(1 for _ in _decode(container, stream, source))
+        stream = video_stream(container, source, threads)
+        return sum(1 for _ in decode(container, stream, source))
     finally:
         container.close()

@@ -276,6 +276,7 @@ def test_a_staged_image_folder_reads_like_its_source(tmp_path: Path) -> None:
     from deskpod.train.data import DataRequest, describe
 
     src = make_folder(tmp_path / "photos")
+    (src / "empty_class").rmdir()  # an image folder refuses a class with no images (`describe`)
     for i in range(8):
         (src / "dogs" / f"{i}.jpg").write_bytes(b"jpeg")
     data = f"imagefolder:{src}"
