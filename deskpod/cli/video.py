@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="rewrite FILE (JSON) every few seconds with each stream's fps, lag, "
         "frames, tracks and state, and the newest tracks (what a video job's dashboard page shows)",
     )
+    i.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="index only shard K's share of the sources (sorted, dealt round-robin over N shards) into "
+        "DB's shard K, <stem>.shardK.db: what each node of a Slurm video job runs",
+    )
     i.set_defaults(func=run_index)
 
     s = video.add_parser(
@@ -142,6 +148,14 @@ def run_index(args: argparse.Namespace) -> int:
     if args.fps <= 0:
         raise ConfigError(f"--fps {args.fps}: give a positive rate, e.g. 5")
     sources = expand_sources(args.sources)
+    db = Path(args.db)
+    if args.shard is not None:
+        from deskpod.video.shards import deal, parse_shard, shard_path
+
+        k, n = parse_shard(args.shard)
+        sources, db = deal(sources, k, n), shard_path(db, k)
+        names = ", ".join(s.name for s in sources) or "none (more shards than streams)"
+        print(f"deskpod: shard {k}/{n} into {db}: {names}", file=sys.stderr, flush=True)
     config = IndexConfig(fps=args.fps, detect=tuple(args.detect or DEFAULT_DETECTORS), batch=args.batch,
                          live_for_s=args.live_for)  # fmt: skip
     stop = threading.Event()
@@ -158,9 +172,9 @@ def run_index(args: argparse.Namespace) -> int:
     if args.stats:
         from deskpod.video.progress import ProgressFile
 
-        progress = ProgressFile(Path(args.stats), Path(args.db)).write
+        progress = ProgressFile(Path(args.stats), db).write
     try:
-        report = index(sources, Path(args.db), config, stop=stop, on_event=say, on_progress=progress)
+        report = index(sources, db, config, stop=stop, on_event=say, on_progress=progress)
     except KeyboardInterrupt:
         stop.set()
         raise
@@ -191,7 +205,8 @@ def run_search(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{"track": m.track, "stream": m.stream, "start": m.start, "end": m.end,
                            "similarity": round(m.similarity, 4),
-                           "thumbnail": str(m.thumbnail) if m.thumbnail else None} for m in matches], indent=2))  # fmt: skip
+                           "thumbnail": str(m.thumbnail) if m.thumbnail else None,
+                           "db": str(m.db) if m.db else None} for m in matches], indent=2))  # fmt: skip
     elif not matches:
         print("no track matches that face")
     else:
