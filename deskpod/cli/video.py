@@ -1,6 +1,7 @@
 """``deskpod video``: index camera streams and video files; search them for a face.
 
 deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...] [--stats FILE]   people and faces, into DB
+deskpod video index SOURCE... --db DB --shard K/N      shard K's share of the sources, into <stem>.shardK.db
 deskpod video search --face PHOTO --db DB [--top K] [--since T] [--until T] [--stream S] [--export DIR]
 deskpod video watch --db DB --rules RULES [--webhook URL]          live alerts while DB is indexed
 deskpod video alerts --db DB                                        the alerts raised, with their delivery
@@ -8,7 +9,8 @@ deskpod video crops DB --out DIR [--label person|face] [--min-size PX] [--classe
 deskpod video search --classifier RUN_OR_MODEL --label NAME --db DB [--top K] [--min-score P]   tracks it recognises
 
 A SOURCE is a video file, a folder of them, or a live URL (rtsp://, http(s)://). Indexing resumes where an
-earlier run into the same DB committed. docs/video.md is the guide.
+earlier run into the same DB committed. A search of DB reads DB and its shards (a Slurm video job's: one per
+node). docs/video.md is the guide.
 """
 
 from __future__ import annotations
