@@ -1,6 +1,7 @@
 """``deskpod video``: index camera streams and video files; search them for a face.
 
 deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...] [--stats FILE]   people and faces, into DB
+deskpod video index SOURCE... --db DB --shard K/N      shard K's share of the sources, into <stem>.shardK.db
 deskpod video search --face PHOTO --db DB [--top K] [--since T] [--until T] [--stream S] [--export DIR]
 deskpod video watch --db DB --rules RULES [--webhook URL]          live alerts while DB is indexed
 deskpod video alerts --db DB                                        the alerts raised, with their delivery
@@ -8,7 +9,8 @@ deskpod video crops DB --out DIR [--label person|face] [--min-size PX] [--classe
 deskpod video search --classifier RUN_OR_MODEL --label NAME --db DB [--top K] [--min-score P]   tracks it recognises
 
 A SOURCE is a video file, a folder of them, or a live URL (rtsp://, http(s)://). Indexing resumes where an
-earlier run into the same DB committed. docs/video.md is the guide.
+earlier run into the same DB committed. A search of DB reads DB and its shards (a Slurm video job's: one per
+node). docs/video.md is the guide.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="FILE",
         help="rewrite FILE (JSON) every few seconds with each stream's fps, lag, "
         "frames, tracks and state, and the newest tracks (what a video job's dashboard page shows)",
+    )
+    i.add_argument(
+        "--shard",
+        metavar="K/N",
+        help="index only shard K's share of the sources (sorted, dealt round-robin over N shards) into "
+        "DB's shard K, <stem>.shardK.db: what each node of a Slurm video job runs",
     )
     i.set_defaults(func=run_index)
 
@@ -142,6 +150,14 @@ def run_index(args: argparse.Namespace) -> int:
     if args.fps <= 0:
         raise ConfigError(f"--fps {args.fps}: give a positive rate, e.g. 5")
     sources = expand_sources(args.sources)
+    db = Path(args.db)
+    if args.shard is not None:
+        from deskpod.video.shards import deal, parse_shard, shard_path
+
+        k, n = parse_shard(args.shard)
+        sources, db = deal(sources, k, n), shard_path(db, k)
+        names = ", ".join(s.name for s in sources) or "none (more shards than streams)"
+        print(f"deskpod: shard {k}/{n} into {db}: {names}", file=sys.stderr, flush=True)
     config = IndexConfig(fps=args.fps, detect=tuple(args.detect or DEFAULT_DETECTORS), batch=args.batch,
                          live_for_s=args.live_for)  # fmt: skip
     stop = threading.Event()
@@ -158,9 +174,9 @@ def run_index(args: argparse.Namespace) -> int:
     if args.stats:
         from deskpod.video.progress import ProgressFile
 
-        progress = ProgressFile(Path(args.stats), Path(args.db)).write
+        progress = ProgressFile(Path(args.stats), db).write
     try:
-        report = index(sources, Path(args.db), config, stop=stop, on_event=say, on_progress=progress)
+        report = index(sources, db, config, stop=stop, on_event=say, on_progress=progress)
     except KeyboardInterrupt:
         stop.set()
         raise
@@ -191,7 +207,8 @@ def run_search(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{"track": m.track, "stream": m.stream, "start": m.start, "end": m.end,
                            "similarity": round(m.similarity, 4),
-                           "thumbnail": str(m.thumbnail) if m.thumbnail else None} for m in matches], indent=2))  # fmt: skip
+                           "thumbnail": str(m.thumbnail) if m.thumbnail else None,
+                           "db": str(m.db) if m.db else None} for m in matches], indent=2))  # fmt: skip
     elif not matches:
         print("no track matches that face")
     else:

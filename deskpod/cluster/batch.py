@@ -11,7 +11,8 @@ A job's folder holds everything of it, on a file system every node sees::
 
 The batch script is plain bash with one ``srun`` line: one launcher per node (``deskpod cluster launch``),
 which sets each rank's NIC and cores, stages the data if asked, and runs ``deskpod train --nodes N``
-(resuming from the run's checkpoint when there is one) or the job's command. Around it,
+(resuming from the run's checkpoint when there is one), the node's ``deskpod video index`` shard, or the job's
+command. Around it,
 ``deskpod cluster attempt begin|end`` keeps the per-cause budgets (see `deskpod.cluster.attempts`).
 """
 
@@ -146,6 +147,8 @@ def sbatch_script(spec: JobSpec, files: JobFiles, *, version: slurm.Version, par
     what = (
         f"deskpod train ({spec.train.get('model', 'convnet')} on {spec.train.get('data', 'fashion-mnist')})"
         if spec.train is not None
+        else f"deskpod video index ({len(spec.video['sources'])} sources, one shard a node)"
+        if spec.video is not None
         else "the command " + shlex.join(spec.command)
     ).replace("\n", "\\n")  # one comment line: an argument's newline would start a line of the script
     lines = [

@@ -4,7 +4,8 @@ For a train job it stages the dataset to node-local scratch when the spec asks (
 checksummed, shared by the jobs of the node, evicted least-recently-used), then runs ``deskpod train
 --nodes N`` on the job's config, resuming from the run's latest checkpoint when there is one (a requeued
 job loses at most one checkpoint interval). The trainer's workers take their NIC and cores from the
-hardware model (`deskpod.hardware.affinity`). For a command job it sets the same per-node facts in the
+hardware model (`deskpod.hardware.affinity`). For a video job it runs ``deskpod video index`` over this
+node's share of the streams into its own shard database (`deskpod.video.shards`). For a command job it sets the same per-node facts in the
 environment (``DESKPOD_NODE_RANK``, ``DESKPOD_NODES``, ``MASTER_ADDR``, ``MASTER_PORT`` from the job id,
 and the first local rank's ``NCCL_IB_HCA``/``UCX_NET_DEVICES``) and replaces itself with the command —
 in the job's own ``[environment]`` when it has one, built once for all nodes in the shared cache
@@ -52,6 +53,8 @@ def launch_node(folder: Path) -> int:
     files = JobFiles(folder)
     spec = files.read_spec()
     os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})
+    if spec.video is not None:
+        return _exec_video(spec, files.folder)
     if spec.train is None:
         return _exec_command(spec, files.folder)
     train, env = dict(spec.train), dict[str, str]()
@@ -103,6 +106,22 @@ def _environment(spec: JobSpec, folder: Path) -> list[str]:
     os.environ["VIRTUAL_ENV"] = str(built.path)
     os.environ.pop("PYTHONHOME", None)
     return argv
+
+
+def _exec_video(spec: JobSpec, folder: Path) -> int:
+    """A video job: one indexer per node, each over its share of the sources into its own shard database
+    (`deskpod.jobs.kinds.video.node_argv`); on one node, the job's plain ``deskpod video index``."""
+    from deskpod.jobs.kinds.video import node_argv
+    from deskpod.train.world import slurm_world
+
+    video = spec.video or {}
+    if spec.nodes == 1:
+        argv = spec.argv(folder)
+    else:
+        world = slurm_world(spec.nodes)
+        argv = node_argv(video, spec.name, folder, world.node_rank, world.nodes)
+    print(f"deskpod: {os.environ.get('SLURMD_NODENAME', 'node')}: {' '.join(argv[2:])}", flush=True)
+    os.execv(argv[0], argv)
 
 
 def _exec_command(spec: JobSpec, folder: Path) -> int:

@@ -10,6 +10,10 @@ photos of one person within Euclidean distance 0.6; its raw vectors have norm ~1
 messi5.jpg), so 0.6 is cosine ~0.91 between unit vectors. Measured on the real clips (tests/video/test_search.py):
 the carphone face against a photo from another part of the clip scores 0.96-0.98, Messi's face against it
 0.90-0.91 (raw distance 0.60-0.65, at dlib's own threshold); the default, 0.93 (raw ~0.53), lies between.
+
+A sharded index (a Slurm video job's: one database per node, `shards`) is searched one shard at a time, each with
+its own face index, filters and threshold, and the shards' matches merged best first (`merge`); a match names its
+database (`Match.db`), since track ids are numbered per database.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from deskpod.environment.files import write_bytes
 from deskpod.errors import DataError, UsageError
 from deskpod.video.crops import file_crops
 from deskpod.video.faces import embed_photo
+from deskpod.video.shards import databases
 from deskpod.video.sources import Source
 from deskpod.video.store import Store, TrackRow
 from deskpod.video.vectors import FaceIndex
@@ -45,6 +50,8 @@ class Match:
     """Cosine similarity of the track's face to the photo's (1 = the same vector)."""
     thumbnail: Path | None
     """Its best crop, beside the database."""
+    db: Path | None = None
+    """The database the track is in (a shard's, when the index is sharded: track ids are per database)."""
 
 
 def index_path(db: Path) -> Path:
@@ -91,68 +98,107 @@ def search_face(
     stream: str | None = None,
     threshold: float = THRESHOLD,
 ) -> list[Match]:
-    """The tracks whose face matches the one face in ``photo``, best first (at most ``top``)."""
+    """The tracks whose face matches the one face in ``photo``, best first (at most ``top``). A sharded index (a
+    Slurm job's, `shards`) is searched shard by shard, each with its own face index and the same filters, and the
+    shards' matches merged by similarity."""
     if top < 1:
         raise UsageError(f"--top {top}: give a positive number of results, e.g. 10")
     if since is not None and until is not None and until < since:
         raise UsageError(f"--since {since} --until {until}: the end is before the start")
     query = embed_photo(Path(photo))
-    with Store(Path(db), create=False) as store:
-        if stream is not None and stream not in {s.name for s in store.streams()}:
-            names = ", ".join(s.name for s in store.streams()) or "none"
-            raise UsageError(f"--stream {stream}: no such stream in {db} (its streams: {names})")
-        index = sync_index(store)
-        scored: dict[int, float] = {}
-        k = top * 8
-        while True:
-            found = index.search(query, k)
-            ids = [i for i, s in found if s >= threshold]
-            rows = {r.id: r for r in store.tracks(ids=ids, stream=stream, since=since, until=until)} if ids else {}
-            scored = {i: s for i, s in found if i in rows}
-            if len(scored) >= top or len(found) < k or (found and found[-1][1] < threshold):
-                break
-            k *= 4
-        for r in store.db.execute("SELECT id, embedding FROM tracks WHERE open=1 AND embedding IS NOT NULL"):
-            s = float(np.frombuffer(r[1], dtype=np.float32) @ query)
-            if s >= threshold:
-                scored[int(r[0])] = s
-        rows = (
-            {r.id: r for r in store.tracks(ids=list(scored), stream=stream, since=since, until=until)} if scored else {}
+    paths = databases(Path(db)) or [Path(db)]  # none: Store says there is no such database
+    found: list[list[Match]] = []
+    streams: set[str] = set()
+    for path in paths:
+        with Store(path, create=False) as store:
+            names = {s.name for s in store.streams()}
+            streams |= names
+            if stream is None or stream in names:
+                found.append(_search_store(store, query, top, since, until, stream, threshold))
+    if stream is not None and stream not in streams:
+        where = f"{db}" if paths == [Path(db)] else f"{db} and its shards"
+        raise UsageError(
+            f"--stream {stream}: no such stream in {where} (its streams: {', '.join(sorted(streams)) or 'none'})"
         )
-        best = sorted(((s, i) for i, s in scored.items() if i in rows), reverse=True)[:top]
-        return [_match(rows[i], s, store) for s, i in best]
+    return merge(found, top)
+
+
+def merge(results: Sequence[Sequence[Match]], top: int) -> list[Match]:
+    """The best ``top`` of several databases' matches, by similarity (ties: in the order the databases were given,
+    then by track id)."""
+    ranked = [(-m.similarity, i, m.track, m) for i, ms in enumerate(results) for m in ms]
+    return [m for *_, m in sorted(ranked, key=lambda r: r[:3])[:top]]
+
+
+def _search_store(
+    store: Store, query: np.ndarray, top: int, since: float | None, until: float | None, stream: str | None,
+    threshold: float,
+) -> list[Match]:  # fmt: skip
+    """One database's best ``top`` matches of ``query``."""
+    index = sync_index(store)
+    scored: dict[int, float] = {}
+    k = top * 8
+    while True:
+        found = index.search(query, k)
+        ids = [i for i, s in found if s >= threshold]
+        rows = {r.id: r for r in store.tracks(ids=ids, stream=stream, since=since, until=until)} if ids else {}
+        scored = {i: s for i, s in found if i in rows}
+        if len(scored) >= top or len(found) < k or (found and found[-1][1] < threshold):
+            break
+        k *= 4
+    for r in store.db.execute("SELECT id, embedding FROM tracks WHERE open=1 AND embedding IS NOT NULL"):
+        s = float(np.frombuffer(r[1], dtype=np.float32) @ query)
+        if s >= threshold:
+            scored[int(r[0])] = s
+    rows = {r.id: r for r in store.tracks(ids=list(scored), stream=stream, since=since, until=until)} if scored else {}
+    best = sorted(((s, i) for i, s in scored.items() if i in rows), reverse=True)[:top]
+    return [_match(rows[i], s, store) for s, i in best]
 
 
 def _match(row: TrackRow, similarity: float, store: Store) -> Match:
     thumb = store.thumbnails / row.thumbnail if row.thumbnail else None
-    return Match(row.id, row.stream, row.start, row.end, similarity, thumb)
+    return Match(row.id, row.stream, row.start, row.end, similarity, thumb, store.path)
 
 
 def export_sheets(db: Path, matches: Sequence[Match], out: Path, *, tiles: int = 12, columns: int = 4) -> list[Path]:
-    """One contact sheet (JPEG) per match in ``out``: crops of the track at up to ``tiles`` times along it, read
-    again from its file (a live stream's past is gone: its sheet is its thumbnail)."""
+    """One contact sheet (JPEG) per match in ``out``, in the matches' order: crops of the track at up to ``tiles``
+    times along it, read again from its file (a live stream's past is gone: its sheet is its thumbnail). A match is
+    read from its own database (`Match.db`: a shard's, for a sharded index), else from ``db``."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    with Store(Path(db), create=False) as store:
-        locations = {s.name: (s.location, s.live) for s in store.streams()}
+    stores: dict[Path, Store] = {}
+    try:
         for m in matches:
-            row = store.tracks(ids=[m.track])[0]
-            location, live = locations[row.stream]
-            crops: list[np.ndarray] = []
-            if not live and Path(location).is_file():
-                step = max(1, len(row.boxes) // tiles)
-                crops = _tiles(Source(row.stream, location, live=False), row.id, row.boxes[::step][:tiles])
-            if not crops and m.thumbnail is not None and m.thumbnail.is_file():
-                thumb = cv2.imread(str(m.thumbnail))
-                crops = [thumb] if thumb is not None else []
-            if not crops:
-                continue
-            path = out / f"track-{m.track}-{_safe(row.stream)}.jpg"
-            ok, jpg = cv2.imencode(".jpg", _sheet(crops, columns))
-            if ok:
-                write_bytes(path, jpg.tobytes())
-                written.append(path)
+            path = m.db or Path(db)
+            if path not in stores:
+                stores[path] = Store(path, create=False)
+            sheet = _sheet_of(stores[path], m, out, tiles, columns)
+            if sheet is not None:
+                written.append(sheet)
+    finally:
+        for store in stores.values():
+            store.close()
     return written
+
+
+def _sheet_of(store: Store, m: Match, out: Path, tiles: int, columns: int) -> Path | None:
+    row = store.tracks(ids=[m.track])[0]
+    location, live = next((s.location, s.live) for s in store.streams() if s.name == row.stream)
+    crops: list[np.ndarray] = []
+    if not live and Path(location).is_file():
+        step = max(1, len(row.boxes) // tiles)
+        crops = _tiles(Source(row.stream, location, live=False), row.id, row.boxes[::step][:tiles])
+    if not crops and m.thumbnail is not None and m.thumbnail.is_file():
+        thumb = cv2.imread(str(m.thumbnail))
+        crops = [thumb] if thumb is not None else []
+    if not crops:
+        return None
+    path = out / f"track-{m.track}-{_safe(row.stream)}.jpg"
+    ok, jpg = cv2.imencode(".jpg", _sheet(crops, columns))
+    if not ok:
+        return None
+    write_bytes(path, jpg.tobytes())
+    return path
 
 
 def _safe(name: str) -> str:

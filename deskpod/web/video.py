@@ -234,7 +234,9 @@ def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[
     base = f"{ROOT}/jobs/{job.id}/video/thumbs"
     out = []
     for m in found if isinstance(found, list) else []:
-        thumb = Path(str(m.get("thumbnail") or "")).name
+        found_at = Path(str(m.get("thumbnail") or ""))
+        # a shard's thumbnail (a Slurm job's, beside <stem>.shardK.db) is not served here: no URL rather than another's
+        thumb = found_at.name if found_at.parent.name == db.name + ".thumbs" else ""
         out.append({"track": m.get("track"), "stream": m.get("stream"), "start": m.get("start"), "end": m.get("end"),
                     "similarity": m.get("similarity"),
                     "thumbnail_url": f"{base}/{thumb}" if _THUMB.match(thumb) else None})  # fmt: skip

@@ -135,3 +135,12 @@ def argv(video: Mapping[str, Any], name: str, folder: Path) -> list[str]:
         "--fps", f"{float(v['fps']):g}", "--detect", *v["detect"], "--batch", str(v["batch"]),
         "--stats", str(folder / STATS_FILE),
     ]  # fmt: skip
+
+
+def node_argv(video: Mapping[str, Any], name: str, folder: Path, node: int, nodes: int) -> list[str]:
+    """What node ``node`` of a job on ``nodes`` nodes runs (a Slurm job, `deskpod.cluster.launch`): `argv` over
+    its share of the sources into its own shard database, ``<db stem>.shard<node>.db`` (`deskpod.video.shards`:
+    the sources sorted and dealt round-robin by node rank), its figures to ``video-stats.shard<node>.json``."""
+    out = argv(video, name, folder)
+    out[out.index("--stats") + 1] = str(folder / f"{Path(STATS_FILE).stem}.shard{node}.json")
+    return [*out, "--shard", f"{node}/{nodes}"]
