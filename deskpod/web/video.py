@@ -299,7 +299,8 @@ def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[
 
 
 # ----------------------------------------------------------------------------------------- alerts
-_alerts_cache: dict[int, tuple[float, list[dict[str, Any]]]] = {}
+_alerts_cache: dict[tuple[int, str], tuple[float, list[dict[str, Any]]]] = {}
+"""By job and state: a job that has just ended is read afresh (its watcher's last alerts and deliveries)."""
 _alerts_locks: dict[int, threading.Lock] = {}
 _locks_lock = threading.Lock()
 
@@ -321,7 +322,7 @@ def alerts(web: Web, job: JobRecord) -> list[dict[str, Any]]:
         lock = _alerts_locks.setdefault(job.id, threading.Lock())
     with lock:  # one process per job at a time, whoever asks
         now = time.monotonic()
-        hit = _alerts_cache.get(job.id)
+        hit = _alerts_cache.get((job.id, job.state.value))
         if hit is not None and now - hit[0] < ALERTS_TTL_S:
             return hit[1]
         try:
@@ -349,7 +350,7 @@ def alerts(web: Web, job: JobRecord) -> list[dict[str, Any]]:
             out.append({**{k: a.get(k) for k in ALERT_FIELDS}, "raised": _clock(a.get("created"), "%Y-%m-%d %H:%M:%S"),
                         "detail": ", ".join(f"{k} {v}" for k, v in detail.items()),
                         "thumbnail_url": f"{base}/{thumb}" if _THUMB.match(thumb) else None})  # fmt: skip
-        _alerts_cache[job.id] = (time.monotonic(), out)
+        _alerts_cache[(job.id, job.state.value)] = (time.monotonic(), out)
         return out
 
 

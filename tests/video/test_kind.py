@@ -127,7 +127,10 @@ region = {DOOR}
             {"rules": [{"kind": "face", "photos": ["suspect.jpg"]}]},
             r"rule 1 \(face\): photos = \"suspect.jpg\" is not valid; give a list of absolute paths of photos",
         ),
-        ({"rules": [{"kind": "face", "photos": ["/a.jpg"], "threshold": 2}]}, r"threshold = 2.0 is not valid; give a cosine similarity above 0"),
+        (
+            {"rules": [{"kind": "face", "photos": ["/a.jpg"], "threshold": 2}]},
+            r"threshold = 2.0 is not valid; give a cosine similarity above 0",
+        ),
         (
             {"rules": [{"name": "x", "kind": "enter", "region": DOOR}, {"name": "x", "kind": "enter", "region": DOOR}]},
             r"video.rules: rule 2: name = 'x' is taken by rule 1; names are unique",
