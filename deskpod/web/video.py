@@ -264,12 +264,19 @@ def run_as_job(web: Web, job: JobRecord, argv: Callable[[Path, Path], list[str]]
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _failure(done: subprocess.CompletedProcess[str], what: str) -> DeskpodError:
-    """The command's own last line: `DataError` for bad input (exit status 2), `RunError` otherwise."""
-    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    line = lines[-1] if lines else f"the {what} failed (exit status {done.returncode})"
-    line = line.removeprefix("deskpod: ")
-    return DataError(line) if done.returncode == 2 else RunError(line)
+def _answer(done: subprocess.CompletedProcess[str], what: str) -> list[Any]:
+    """The command's JSON list; else its own last line: `DataError` for bad input (exit status 2), `RunError`
+    otherwise."""
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+        line = lines[-1] if lines else f"the {what} failed (exit status {done.returncode})"
+        line = line.removeprefix("deskpod: ")
+        raise DataError(line) if done.returncode == 2 else RunError(line)
+    try:
+        found = json.loads(done.stdout)
+    except ValueError:
+        raise RunError(f"the {what} answered something that is not JSON; see the pod service's log") from None
+    return found if isinstance(found, list) else []
 
 
 # ----------------------------------------------------------------------------------------- search
@@ -282,15 +289,10 @@ def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[
                                       str(folder / "photo"), "--db", str(db), "--top", str(top), "--json"],
         {"photo": photo}, SEARCH_TIMEOUT_S, "search",
     )  # fmt: skip
-    if done.returncode != 0:
-        raise _failure(done, "search")
-    try:
-        found = json.loads(done.stdout)
-    except ValueError:
-        raise RunError("the search answered something that is not JSON; see the pod service's log") from None
+    found = _answer(done, "search")
     base = f"{ROOT}/jobs/{job.id}/video/thumbs"
     out = []
-    for m in found if isinstance(found, list) else []:
+    for m in found:
         thumb = Path(str(m.get("thumbnail") or "")).name
         out.append({"track": m.get("track"), "stream": m.get("stream"), "start": m.get("start"), "end": m.get("end"),
                     "similarity": m.get("similarity"),
@@ -332,17 +334,12 @@ def alerts(web: Web, job: JobRecord) -> list[dict[str, Any]]:
         except DataError:  # no database folder yet
             done = None
         if done is None or (done.returncode == 2 and "no such index database" in done.stderr):
-            found: object = []
-        elif done.returncode != 0:
-            raise _failure(done, "alerts listing")
+            found: list[Any] = []
         else:
-            try:
-                found = json.loads(done.stdout)
-            except ValueError:
-                raise RunError("the alerts listing is not JSON; see the pod service's log") from None
+            found = _answer(done, "alerts listing")
         base = f"{ROOT}/jobs/{job.id}/video/thumbs"
         out = []
-        for a in found if isinstance(found, list) else []:
+        for a in found:
             if not isinstance(a, dict):
                 continue
             thumb = Path(str(a.get("thumbnail") or "")).name
