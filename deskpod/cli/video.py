@@ -1,6 +1,7 @@
 """``deskpod video``: index camera streams and video files; search them for a face.
 
-deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...] [--stats FILE]   people and faces, into DB
+deskpod video index SOURCE... --db DB [--fps 5] [--detect NAME ...] [--stats FILE] [--rules RULES [--webhook URL]]
+                                                                    people and faces, into DB (and watched)
 deskpod video index SOURCE... --db DB --shard K/N      shard K's share of the sources, into <stem>.shardK.db
 deskpod video search --face PHOTO --db DB [--top K] [--since T] [--until T] [--stream S] [--export DIR]
 deskpod video watch --db DB --rules RULES [--webhook URL]          live alerts while DB is indexed
@@ -21,7 +22,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deskpod.video.rules import Rule
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,6 +71,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="index only shard K's share of the sources (sorted, dealt round-robin over N shards) into "
         "DB's shard K, <stem>.shardK.db: what each node of a Slurm video job runs",
     )
+    i.add_argument("--rules", metavar="RULES",
+                   help="also watch DB by these rules while indexing, on a thread of this process (as deskpod "
+                        "video watch: a rules file of [[rule]] tables)")  # fmt: skip
+    i.add_argument("--rules-json", metavar="JSON", help=argparse.SUPPRESS)  # a video job's rules (absolute photos)
+    i.add_argument("--webhook", metavar="URL", help="with --rules: POST each alert as JSON to this http(s) URL")
     i.set_defaults(func=run_index)
 
     s = video.add_parser(
@@ -158,6 +169,7 @@ def run_index(args: argparse.Namespace) -> int:
         sources, db = deal(sources, k, n), shard_path(db, k)
         names = ", ".join(s.name for s in sources) or "none (more shards than streams)"
         print(f"deskpod: shard {k}/{n} into {db}: {names}", file=sys.stderr, flush=True)
+    rules = _index_rules(args)  # before indexing: a bad rule or photo is the run's one line
     config = IndexConfig(fps=args.fps, detect=tuple(args.detect or DEFAULT_DETECTORS), batch=args.batch,
                          live_for_s=args.live_for)  # fmt: skip
     stop = threading.Event()
@@ -174,18 +186,64 @@ def run_index(args: argparse.Namespace) -> int:
     if args.stats:
         from deskpod.video.progress import ProgressFile
 
-        progress = ProgressFile(Path(args.stats), db).write
+        stats = ProgressFile(Path(args.stats), db)
+        progress = stats.write
+        say = functools.partial(_say_and_note, stats.event)
+    watcher = None
+    if rules:
+        from deskpod.video.alerts import Webhook
+        from deskpod.video.watch import WatchThread
+
+        watcher = WatchThread(db, rules, webhook=Webhook(args.webhook) if args.webhook else None,
+                              on_alert=lambda a: print(a.line(), flush=True), on_event=say)  # fmt: skip
+        say(f"watching with {len(rules)} rule{'s' if len(rules) > 1 else ''}: "
+            + ", ".join(f"{r.name} ({r.kind})" for r in rules))  # fmt: skip
+        watcher.start()
     try:
         report = index(sources, db, config, stop=stop, on_event=say, on_progress=progress)
     except KeyboardInterrupt:
         stop.set()
         raise
+    finally:
+        if watcher is not None:
+            watched = watcher.finish()
+            delivered = f", {watched.sent} sent, {watched.failed} failed" if args.webhook else ""
+            say(f"watch: {watched.alerts} alerts from {watched.tracks_judged} track versions{delivered}")
     print(f"{'stream':<40} {'frames':>7} {'fps':>7} {'lag s':>7} {'tracks':>7}  error")
     for st in report.streams:
         print(f"{st.name[:40]:<40} {st.frames:>7} {st.fps:>7.1f} {st.max_lag:>7.2f} {st.tracks:>7}  {st.error}")
     stages = ", ".join(f"{k} {v:.1f} s" for k, v in report.stage_seconds.items())
     print(f"{report.batches} batches in {report.seconds:.1f} s ({stages})")
-    return 1 if report.failed else 0
+    return 1 if report.failed or (watcher is not None and watcher.error) else 0
+
+
+def _say_and_note(note: Callable[[str], None], line: str) -> None:
+    print(f"deskpod: {line}", file=sys.stderr, flush=True)
+    note(line)
+
+
+def _index_rules(args: argparse.Namespace) -> list[Rule]:
+    """``index``'s watch rules: from ``--rules`` (a file) or ``--rules-json`` (a video job's), or none."""
+    import json
+    from pathlib import Path
+
+    from deskpod.errors import ConfigError, UsageError
+
+    if args.rules and args.rules_json:
+        raise UsageError("give --rules or --rules-json, not both")
+    if not (args.rules or args.rules_json):
+        if args.webhook:
+            raise UsageError("--webhook goes with --rules: the webhook receives the rules' alerts")
+        return []
+    from deskpod.video.rules import load_rules, parse_rules
+
+    if args.rules:
+        return list(load_rules(Path(args.rules)))
+    try:
+        tables = json.loads(args.rules_json)
+    except ValueError as e:
+        raise ConfigError(f"--rules-json: not valid JSON ({e}); give a list of rule tables") from None
+    return list(parse_rules({"rule": tables}, source="video.rules", base_dir=None))
 
 
 def run_search(args: argparse.Namespace) -> int:

@@ -315,13 +315,17 @@ class Isolation:
 
     def video_binds(self, account: Account, video: Mapping[str, Any]) -> list[tuple[int, Path, bool]]:
         """What a video job reads and writes outside its folder, opened as ``account``, as sandbox binds ``(fd,
-        where, writable)``: each local source (a file or a folder of videos) read-only (`open_as`), and the
+        where, writable)``: each local source (a file or a folder of videos) and each face rule's photo read-only
+        (`open_as`), and the
         database's folder writable when the spec names one (`open_folder`). `ConflictError` naming the first that
         the account cannot open."""
         out: list[tuple[int, Path, bool]] = []
         try:
             for path in video_kind.local_sources(video):
                 fd = open_as(account, path, _VIDEO_SOURCE, directory=False)
+                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+            for path in video_kind.local_photos(video):
+                fd = open_as(account, path, _VIDEO_PHOTO, directory=False)
                 out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
             if "db" in video:
                 shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # the message is formatted
@@ -384,6 +388,7 @@ requirements or lock it came from."""
 _WORKDIR = "job spec: workdir {path!r} is not a folder you can open on this box"
 _SERVE_RUN = "job spec: serve.run {path!r} is not a run folder you can open on this box"
 _VIDEO_SOURCE = "job spec: video.sources {path!r} is not a video file or folder you can open on this box"
+_VIDEO_PHOTO = "job spec: video.rules photo {path!r} is not a file you can open on this box"
 _VIDEO_DB = "job spec: video.db {db!r}: its folder {path!r} is not one you can open on this box"
 
 

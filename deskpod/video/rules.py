@@ -35,10 +35,6 @@ a restart, and the alerts table keeps one alert per (rule, track).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import math
-import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,25 +44,11 @@ import cv2
 import numpy as np
 
 from deskpod.errors import ConfigError, DataError
+from deskpod.jobs.kinds.watch_rules import ANCHORS, EXAMPLE, FIELDS, KINDS, LABELS, RuleTable, check_rules
 from deskpod.video.store import TrackRow
 
-KINDS = ("face", "enter", "loiter")
-LABELS = ("person", "face")
-"""What the detectors label tracks (`detectors.Detection.label`)."""
-ANCHORS = ("bottom", "center")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-COMMON = ("name", "kind", "streams")
-FIELDS = {
-    "face": (*COMMON, "photos", "threshold"),
-    "enter": (*COMMON, "region", "label", "anchor"),
-    "loiter": (*COMMON, "region", "label", "anchor", "seconds"),
-}
-"""The keys each kind takes."""
-EXAMPLE = {
-    "face": 'photos = ["suspect.jpg"]',
-    "enter": "region = [[440, 280], [560, 280], [560, 340], [440, 340]]",
-    "loiter": "region = [[615, 405], [705, 405], [705, 465], [615, 465]] and seconds = 30",
-}
+__all__ = ["ANCHORS", "FIELDS", "KINDS", "LABELS", "EnterRule", "FaceRule", "Hit", "LoiterRule", "Region", "Rule",
+           "load_rules", "parse_rules"]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -195,135 +177,30 @@ def load_rules(path: Path) -> list[Rule]:
     return parse_rules(data, source=str(path), base_dir=path.parent)
 
 
-def parse_rules(data: Mapping[str, Any], *, source: str = "rules", base_dir: Path = Path()) -> list[Rule]:
-    """`load_rules` for decoded TOML; ``source`` names it in errors, photos are relative to ``base_dir``."""
-    unknown = sorted(k for k in data if k != "rule")
+def parse_rules(
+    data: Mapping[str, Any], *, source: str = "rules", base_dir: Path | None = Path(), key: str = "rule"
+) -> list[Rule]:
+    """`load_rules` for decoded TOML (``data[key]``, the list of rule tables); ``source`` names it in errors;
+    photos are relative to ``base_dir`` (None: they must be absolute paths, as in a video job's spec)."""
+    unknown = sorted(k for k in data if k != key)
     if unknown:
         raise ConfigError(f"{source}: unknown key {unknown[0]!r} at the top; a rules file holds only [[rule]] tables")
-    tables = data.get("rule")
-    if not isinstance(tables, list) or not tables:
-        raise ConfigError(f'{source}: no rules; add one or more [[rule]] tables, e.g. [[rule]] kind = "enter" '
-                          f"{EXAMPLE['enter']}")  # fmt: skip
-    rules = [_rule(t, f"{source}: rule {i}", base_dir) for i, t in enumerate(tables, 1)]
-    seen: dict[str, int] = {}
-    for i, r in enumerate(rules, 1):
-        if r.name in seen:
-            raise ConfigError(
-                f"{source}: rule {i}: name = {r.name!r} is taken by rule {seen[r.name]}; names are unique"
-            )
-        seen[r.name] = i
-    return rules
-
-
-def _rule(t: object, where: str, base_dir: Path) -> Rule:
-    if not isinstance(t, Mapping):
-        raise ConfigError(f"{where}: a rule is a [[rule]] table, got {type(t).__name__}")
-    kind = t.get("kind")
-    if kind not in KINDS:
-        raise _bad(where, "kind", kind, f'give one of {", ".join(KINDS)}, e.g. kind = "enter"')
-    where = f"{where} ({kind})"
-    unknown = sorted(str(k) for k in t if k not in FIELDS[kind])
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; a {kind} rule takes {', '.join(FIELDS[kind])}")
-    streams = _streams(t, where)
-    if kind == "face":
-        photos = _photos(t, where, base_dir)
-        threshold = _threshold(t, where)
-        name = _name(t, where, kind, [str(p) for p in photos], threshold, streams)
-        vectors = _embed(photos, where)
-        return FaceRule(name=name, streams=streams, photos=photos, threshold=threshold, vectors=vectors)
-    region = _region(t, where)
-    label = _choice(t, where, "label", LABELS, "person")
-    anchor = _choice(t, where, "anchor", ANCHORS, "bottom")
-    if kind == "enter":
-        name = _name(t, where, kind, region.points, label, anchor, streams)
-        return EnterRule(name=name, streams=streams, region=region, label=label, anchor=anchor)
-    seconds = _number(t, where, "seconds", "give a positive number of seconds, e.g. seconds = 30")
-    if seconds <= 0:
-        raise _bad(where, "seconds", seconds, "give a positive number of seconds, e.g. seconds = 30")
-    name = _name(t, where, kind, region.points, label, anchor, seconds, streams)
-    return LoiterRule(name=name, streams=streams, region=region, label=label, anchor=anchor, seconds=seconds)
-
-
-def _bad(where: str, key: str, value: object, valid: str) -> ConfigError:
-    shown = json.dumps(value) if isinstance(value, str | int | float | list) else repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return ConfigError(f"{where}: {key} = {shown} is not valid; {valid}")
-
-
-def _name(t: Mapping[str, Any], where: str, kind: str, *definition: object) -> str:
-    """The rule's ``name``, or one made from its kind and a hash of what it says (stable across restarts, and
-    across moving the rule in the file): the alerts table keys its alerts and position by it."""
-    if "name" not in t:
-        digest = hashlib.sha256(json.dumps([kind, *definition], default=str).encode()).hexdigest()[:8]
-        return f"{kind}-{digest}"
-    name = t["name"]
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _bad(where, "name", name, 'give 1-64 letters, digits, ".", "_" or "-", e.g. name = "front-door"')
-    return name
-
-
-def _number(t: Mapping[str, Any], where: str, key: str, valid: str) -> float:
-    v = t.get(key)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise _bad(where, key, v, valid) if key in t else ConfigError(f"{where}: {key} is missing; {valid}")
-    return float(v)
-
-
-def _choice(t: Mapping[str, Any], where: str, key: str, valid: Sequence[str], default: str) -> str:
-    v = t.get(key, default)
-    if v not in valid:
-        raise _bad(where, key, v, f"give one of {', '.join(valid)} (default {default})")
-    return str(v)
-
-
-def _streams(t: Mapping[str, Any], where: str) -> tuple[str, ...]:
-    v = t.get("streams", [])
-    if "streams" in t and (not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v)):
-        raise _bad(where, "streams", v, 'give a list of stream names, e.g. streams = ["vtest.avi"], '
-                   "or leave streams out for every stream")  # fmt: skip
-    return tuple(v)
-
-
-def _region(t: Mapping[str, Any], where: str) -> Region:
-    v = t.get("region")
-    valid = f"give a polygon of 3 or more [x, y] pixel corners, e.g. {EXAMPLE['enter']}"
-    if "region" not in t:
-        raise ConfigError(f"{where}: region is missing; {valid}")
-    ok = isinstance(v, list) and len(v) >= 3 and all(
-        isinstance(p, list) and len(p) == 2
-        and all(isinstance(c, int | float) and not isinstance(c, bool) and math.isfinite(c) and c >= 0 for c in p)
-        for p in v
-    )  # fmt: skip
-    if not ok:
-        raise _bad(where, "region", v, valid)
-    region = Region(tuple((float(p[0]), float(p[1])) for p in v))  # type: ignore[union-attr]
-    if cv2.contourArea(np.asarray(region.points, dtype=np.float32)) <= 0:
-        raise _bad(where, "region", v, f"its corners enclose no area (all on one line); {valid}")
-    return region
-
-
-def _photos(t: Mapping[str, Any], where: str, base_dir: Path) -> tuple[Path, ...]:
-    v = t.get("photos")
-    valid = f"give a list of photos of one face each, e.g. {EXAMPLE['face']} (paths relative to the rules file)"
-    if "photos" not in t:
-        raise ConfigError(f"{where}: photos is missing; {valid}")
-    if not isinstance(v, list) or not v or not all(isinstance(p, str) and p for p in v):
-        raise _bad(where, "photos", v, valid)
-    return tuple(base_dir / p for p in v)
-
-
-def _threshold(t: Mapping[str, Any], where: str) -> float:
     from deskpod.video.search import THRESHOLD
 
-    valid = f"give a cosine similarity above 0 and at most 1, e.g. threshold = {THRESHOLD} (the default)"
-    if "threshold" not in t:
-        return THRESHOLD
-    v = _number(t, where, "threshold", valid)
-    if not 0 < v <= 1:
-        raise _bad(where, "threshold", v, valid)
-    return v
+    tables = check_rules(data.get(key), source, base_dir=base_dir, threshold=THRESHOLD,
+                         example=f'add one or more [[rule]] tables, e.g. [[rule]] kind = "enter" {EXAMPLE["enter"]}')  # fmt: skip
+    return [_build(t, f"{source}: rule {i} ({t.kind})") for i, t in enumerate(tables, 1)]
+
+
+def _build(t: RuleTable, where: str) -> Rule:
+    if t.kind == "face":
+        assert t.threshold is not None
+        return FaceRule(name=t.name, streams=t.streams, photos=t.photos, threshold=t.threshold,
+                        vectors=_embed(t.photos, where))  # fmt: skip
+    region = Region(t.region)
+    if t.kind == "enter":
+        return EnterRule(name=t.name, streams=t.streams, region=region, label=t.label, anchor=t.anchor)
+    return LoiterRule(name=t.name, streams=t.streams, region=region, label=t.label, anchor=t.anchor, seconds=t.seconds)
 
 
 def _embed(photos: Sequence[Path], where: str) -> np.ndarray:

@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from deskpod.errors import RunError
 from deskpod.video.alerts import SCHEMA, Alert, Courier, Webhook, read_alerts, recent_alerts
 from deskpod.video.rules import Hit, Rule
 from deskpod.video.store import Store, TrackRow
 
-__all__ = ["Alert", "WatchReport", "Watcher", "recent_alerts", "watch"]
+__all__ = ["Alert", "WatchReport", "WatchThread", "Watcher", "recent_alerts", "watch"]
 
 CHUNK = 500
 """Tracks read per query (keeps each read transaction and each ``IN (...)`` list short)."""
@@ -197,8 +198,9 @@ class Watcher:
         return alerts
 
     def run(self, stop: threading.Event, *, poll_s: float = 1.0, on_alert: Callable[[Alert], None] | None = None,
-            once: bool = False) -> WatchReport:  # fmt: skip
-        """Poll every ``poll_s`` until ``stop`` is set (or once), then deliver what is queued."""
+            once: bool = False, final: bool = False) -> WatchReport:  # fmt: skip
+        """Poll every ``poll_s`` until ``stop`` is set (or once), then deliver what is queued. ``final``: poll once
+        more when ``stop`` comes (a writer that has just ended closed its last tracks)."""
         try:
             while True:
                 started = time.monotonic()
@@ -206,6 +208,10 @@ class Watcher:
                     if on_alert:
                         on_alert(a)
                 if once or stop.wait(max(0.0, poll_s - (time.monotonic() - started))):
+                    if final and not once:
+                        for a in self.poll():
+                            if on_alert:
+                                on_alert(a)
                     break
         finally:
             self.close()
@@ -234,6 +240,51 @@ def watch(
     """Follow ``db`` with ``rules`` until ``stop`` is set (or for one poll with ``once``)."""
     watcher = Watcher(db, rules, webhook=webhook, history=history, on_event=on_event)
     return watcher.run(stop or threading.Event(), poll_s=poll_s, on_alert=on_alert, once=once)
+
+
+class WatchThread:
+    """The watcher on a thread of the indexing process (``deskpod video index --rules``, a video job with rules):
+    one process, one log and one exit status for the job, and no second process to supervise. `start` sets the
+    new rules' positions before the indexer writes a track (so none is missed); `finish`, once the indexer has
+    returned, judges the tracks it closed at its end, delivers what is queued, and returns the report."""
+
+    def __init__(self, db: Path, rules: Sequence[Rule], *, webhook: Webhook | None = None, poll_s: float = 1.0,
+                 on_alert: Callable[[Alert], None] | None = None,
+                 on_event: Callable[[str], None] | None = None) -> None:  # fmt: skip
+        self.db, self.rules, self.webhook, self.poll_s = Path(db), list(rules), webhook, poll_s
+        self.on_alert, self.say = on_alert, on_event or (lambda _line: None)
+        self.error = ""
+        """Why the watcher stopped before `finish` ("" when it did not)."""
+        self.report = WatchReport()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deskpod-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+        if self.error:
+            raise RunError(self.error)
+
+    def finish(self) -> WatchReport:
+        self._stop.set()
+        self._thread.join()
+        return self.report
+
+    def _run(self) -> None:
+        try:  # SQLite's connections stay on the thread that made them: the watcher is made here
+            watcher = Watcher(self.db, self.rules, webhook=self.webhook, on_event=self.say)
+        except Exception as e:
+            self.error = f"watch: cannot start: {e}"
+            return
+        finally:
+            self._ready.set()
+        try:
+            self.report = watcher.run(self._stop, poll_s=self.poll_s, on_alert=self.on_alert, final=True)
+        except Exception as e:  # alerts stop; the indexer goes on and the run's exit status says so
+            self.error = f"watch: stopped: {type(e).__name__}: {e}"
+            self.report = watcher.report
+            self.say(self.error)
 
 
 def _chunks(ids: Sequence[int]) -> list[list[int]]:

@@ -28,7 +28,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from deskpod.errors import ConfigError, ConflictError, DataError, DeskpodError, 
 from deskpod.jobs.api import status_of
 from deskpod.jobs.isolation import box_environment, open_as
 from deskpod.jobs.kinds import video as kind
+from deskpod.jobs.states import FINAL
 from deskpod.jobs.store import JobRecord
 from deskpod.web import render
 from deskpod.web.app import Web
@@ -55,6 +58,15 @@ MAX_THUMB_BYTES = 4 << 20
 MAX_STATS_BYTES = 1 << 20
 SEARCH_TIMEOUT_S = 180.0
 """A search loads dlib's models and the face index in a new process: seconds, more on a busy box."""
+ALERTS = 50
+"""Newest alerts shown."""
+ALERTS_TTL_S = 4.0
+"""How long one reading of a job's alerts serves its page (the page polls every `REFRESH_S`)."""
+ALERTS_TIMEOUT_S = 60.0
+REFRESH_S = 5
+"""The page's script fetches its JSON twin this often while the job is active."""
+ALERT_FIELDS = ("id", "rule", "kind", "track", "stream", "label", "t", "created", "state", "attempts", "error",
+                "delivered")  # fmt: skip
 TOP = 20
 LISTED = 50
 """Video jobs listed on ``/ui/video``, newest first."""
@@ -81,6 +93,20 @@ class VideoPage:
     """The searched photo's file name."""
     results: list[dict[str, Any]] | None = None
     """The search's matches, best first: track, stream, start, end, similarity, thumbnail_url."""
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    """The job's watch rules as given (kind, name, region or photos, ...)."""
+    webhook: bool = False
+    """Whether its alerts go to a webhook too (the URL is not shown: it may hold a token)."""
+    alerts: list[dict[str, Any]] = field(default_factory=list)
+    """Its newest alerts, newest first: id, rule, kind, track, stream, label, t, created, detail (a line), state,
+    attempts, error, delivered, thumbnail_url."""
+    alerts_error: str | None = None
+    """Why the alerts could not be read (None when they were)."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    """The indexer's last events, newest first: t (Unix time), text (a stream's end or error, a drop, a
+    reconnect, a webhook's failure)."""
+    refresh_s: int | None = None
+    """The page's script fetches this page's JSON twin this often (None: the job has ended)."""
     error: str | None = render.unless_none()
 
 
@@ -166,31 +192,47 @@ def thumbnail(web: Web, job: JobRecord, name: str) -> bytes:
 def page_data(web: Web, job: JobRecord) -> VideoPage:
     video = job.spec.video or {}
     stats, age = read_stats(web, job)
-    return VideoPage(
+    events = [e for e in (stats or {}).pop("events", None) or [] if isinstance(e, dict)][::-1]
+    shown = [{"t": e.get("t"), "at": _clock(e.get("t"), "%H:%M:%S"), "text": str(e.get("text", ""))} for e in events]
+    page = VideoPage(
         job={"id": str(job.id), "name": job.name, "user": job.user, "state": job.state.value},
         sources=list(video.get("sources", [])),
         db=str(kind.db_path(video, web.pod.job_folder(job))),
         stats=stats,
         updated_s=None if age is None else round(age, 1),
+        rules=list(video.get("rules", [])),
+        webhook=bool(video.get("webhook")),
+        events=shown,
+        refresh_s=None if job.state in FINAL else REFRESH_S,
     )
+    if page.rules:
+        try:
+            page.alerts = alerts(web, job)
+        except DeskpodError as e:
+            page.alerts_error = str(e)
+    return page
 
 
-# ----------------------------------------------------------------------------------------- search
-def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[str, Any]]:
-    """``deskpod video search --face PHOTO --db DB --json`` as the job's account, in its jobs' walls
-    (`Isolation.tool_argv`); the matches, best first, each with its thumbnail's URL. `DataError` with the command's
-    own line (no face in the photo, two faces, not an image, no database yet); `RunError` when it could not run."""
+# ----------------------------------------------------------------------------------------- as the job's account
+def run_as_job(web: Web, job: JobRecord, argv: Callable[[Path, Path], list[str]], files: dict[str, bytes],
+               timeout: float, what: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``deskpod video ...`` as the job's OS account (on a root pod; the dashboard's own elsewhere), in its jobs'
+    walls (`Isolation.tool_argv`), shown only the database's folder (as the account may open it) and a new folder
+    of the account's holding ``files``. ``argv(database, folder)`` makes the command line from where the two are
+    shown; ``what`` names it in messages. `DataError` when there is no database folder yet; `RunError` past
+    ``timeout`` seconds."""
     account = job_account(web, job)
     isolation = web.pod.isolation
     db = kind.db_path(job.spec.video or {}, web.pod.job_folder(job))
     owner = (account.uid, account.gid) if account is not None else None
-    folder = Path(tempfile.mkdtemp(prefix="deskpod-face-"))  # 0700, the dashboard's: given to the account
+    folder = Path(tempfile.mkdtemp(prefix="deskpod-video-"))  # 0700, the dashboard's: given to the account
     fds: list[int] = []
     try:
         if owner is not None:
             os.chown(folder, *owner)
-        write_no_follow(folder / "photo", photo, mode=0o600, owner=owner)
-        try:  # the database's folder as the account may open it: what the search is shown
+        for name, data in files.items():
+            write_no_follow(folder / name, data, mode=0o600, owner=owner)
+        try:  # the database's folder as the account may open it: what the command is shown
             who = account or current_account()
             message = _NO_DB.format(job=job.id, path="{path}")
             if isolation is not None:
@@ -201,39 +243,57 @@ def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[
             raise DataError(str(e)) from None
         fds.append(os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         where = [Path(os.readlink(f"/proc/self/fd/{fd}")) for fd in fds]
-        argv = [sys.executable, "-m", "deskpod", "video", "search", "--face", str(where[1] / "photo"),
-                "--db", str(where[0] / db.name), "--top", str(top), "--json"]  # fmt: skip
+        line = argv(where[0] / db.name, where[1])
         extra: dict[str, Any] = {}
         if isolation is not None:
-            argv, extra = isolation.tool_argv(account, argv, [(fds[0], where[0], True), (fds[1], where[1], True)])
+            line, extra = isolation.tool_argv(account, line, [(fds[0], where[0], True), (fds[1], where[1], True)])
         env = {**box_environment(os.environ), "PYTHONPATH": _DESKPOD_ROOT}  # the dashboard's own deskpod
         if account is not None:
             env.update(HOME=str(folder), USER=account.name, LOGNAME=account.name)
         try:
-            done = subprocess.run(argv, env=env, cwd=folder, capture_output=True, text=True, timeout=SEARCH_TIMEOUT_S,
+            done = subprocess.run(line, env=env, cwd=folder, capture_output=True, text=True, timeout=timeout,
                                   stdin=subprocess.DEVNULL, **extra)  # fmt: skip
         except subprocess.TimeoutExpired:
-            raise RunError(
-                f"the search took over {SEARCH_TIMEOUT_S:.0f} s; try again when the box is less busy"
-            ) from None
+            raise RunError(f"the {what} took over {timeout:.0f} s; try again when the box is less busy") from None
+        for name in files:  # the folder is gone when the user reads the message
+            done.stderr = done.stderr.replace(str(where[1] / name), f"the {name}")
+        return done
     finally:
         for fd in fds:
             os.close(fd)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answer(done: subprocess.CompletedProcess[str], what: str) -> list[Any]:
+    """The command's JSON list; else its own last line: `DataError` for bad input (exit status 2), `RunError`
+    otherwise."""
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-        line = lines[-1] if lines else f"the search failed (exit status {done.returncode})"
-        line = line.removeprefix("deskpod: ").replace(str(where[1] / "photo"), "the photo")
-        if done.returncode == 2:
-            raise DataError(line)
-        raise RunError(line)
+        line = lines[-1] if lines else f"the {what} failed (exit status {done.returncode})"
+        line = line.removeprefix("deskpod: ")
+        raise DataError(line) if done.returncode == 2 else RunError(line)
     try:
         found = json.loads(done.stdout)
     except ValueError:
-        raise RunError("the search answered something that is not JSON; see the pod service's log") from None
+        raise RunError(f"the {what} answered something that is not JSON; see the pod service's log") from None
+    return found if isinstance(found, list) else []
+
+
+# ----------------------------------------------------------------------------------------- search
+def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[str, Any]]:
+    """``deskpod video search --face PHOTO --db DB --json`` as the job's account (`run_as_job`); the matches, best
+    first, each with its thumbnail's URL. `DataError` with the command's own line (no face in the photo, two
+    faces, not an image, no database yet); `RunError` when it could not run."""
+    done = run_as_job(
+        web, job, lambda db, folder: [sys.executable, "-m", "deskpod", "video", "search", "--face",
+                                      str(folder / "photo"), "--db", str(db), "--top", str(top), "--json"],
+        {"photo": photo}, SEARCH_TIMEOUT_S, "search",
+    )  # fmt: skip
+    found = _answer(done, "search")
     base = f"{ROOT}/jobs/{job.id}/video/thumbs"
     out = []
-    for m in found if isinstance(found, list) else []:
+    db = kind.db_path(job.spec.video or {}, web.pod.job_folder(job))
+    for m in found:
         found_at = Path(str(m.get("thumbnail") or ""))
         # a shard's thumbnail (a Slurm job's, beside <stem>.shardK.db) is not served here: no URL rather than another's
         thumb = found_at.name if found_at.parent.name == db.name + ".thumbs" else ""
@@ -241,6 +301,57 @@ def search(web: Web, job: JobRecord, photo: bytes, top: int = TOP) -> list[dict[
                     "similarity": m.get("similarity"),
                     "thumbnail_url": f"{base}/{thumb}" if _THUMB.match(thumb) else None})  # fmt: skip
     return out
+
+
+# ----------------------------------------------------------------------------------------- alerts
+_alerts_cache: dict[tuple[int, str], tuple[float, list[dict[str, Any]]]] = {}
+"""By job and state: a job that has just ended is read afresh (its watcher's last alerts and deliveries)."""
+_alerts_locks: dict[int, threading.Lock] = {}
+_locks_lock = threading.Lock()
+
+
+def alerts(web: Web, job: JobRecord) -> list[dict[str, Any]]:
+    """The job's newest alerts (`deskpod.video.alerts`), newest first, each with its thumbnail's URL; none before
+    the job has a database or a watcher has written to it.
+
+    Read by ``deskpod video alerts --json`` as the job's account in its walls (`run_as_job`), as the search is,
+    and not by opening the database here: the database is a file of the account's, and SQLite run by the pod
+    service (root) would parse whatever the account put there, and follow its ``-wal``/``-shm`` names. Opening
+    it through a checked descriptor (``file:/proc/self/fd/N?mode=ro``) would not help: SQLite finds the WAL by
+    the file's name, so a reader of that name misses the alerts still in the WAL, which are the newest. The
+    answer is kept `ALERTS_TTL_S` seconds per job: a page polled by several viewers starts one process."""
+    with _locks_lock:
+        if len(_alerts_locks) > 256:  # jobs long gone from view; a lock in use stays referenced by its holder
+            _alerts_locks.clear()
+            _alerts_cache.clear()
+        lock = _alerts_locks.setdefault(job.id, threading.Lock())
+    with lock:  # one process per job at a time, whoever asks
+        now = time.monotonic()
+        hit = _alerts_cache.get((job.id, job.state.value))
+        if hit is not None and now - hit[0] < ALERTS_TTL_S:
+            return hit[1]
+        try:
+            done = run_as_job(web, job, lambda db, _folder: [sys.executable, "-m", "deskpod", "video", "alerts",
+                                                              "--db", str(db), "--limit", str(ALERTS), "--json"],
+                              {}, ALERTS_TIMEOUT_S, "alerts listing")  # fmt: skip
+        except DataError:  # no database folder yet
+            done = None
+        if done is None or (done.returncode == 2 and "no such index database" in done.stderr):
+            found: list[Any] = []
+        else:
+            found = _answer(done, "alerts listing")
+        base = f"{ROOT}/jobs/{job.id}/video/thumbs"
+        out = []
+        for a in found:
+            if not isinstance(a, dict):
+                continue
+            thumb = Path(str(a.get("thumbnail") or "")).name
+            detail = a["detail"] if isinstance(a.get("detail"), dict) else {}
+            out.append({**{k: a.get(k) for k in ALERT_FIELDS}, "raised": _clock(a.get("created"), "%Y-%m-%d %H:%M:%S"),
+                        "detail": ", ".join(f"{k} {v}" for k, v in detail.items()),
+                        "thumbnail_url": f"{base}/{thumb}" if _THUMB.match(thumb) else None})  # fmt: skip
+        _alerts_cache[(job.id, job.state.value)] = (time.monotonic(), out)
+        return out
 
 
 # ----------------------------------------------------------------------------------------- new job
@@ -275,6 +386,13 @@ def form_spec(fields: dict[str, str]) -> dict[str, Any]:
     if fields.get("name", "").strip():
         spec["name"] = fields["name"].strip()
     return spec
+
+
+def _clock(t: object, form: str) -> str:
+    """A Unix time as the pod's local time (what the job's log shows), or "" for none."""
+    if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t < 1e11:
+        return ""
+    return time.strftime(form, time.localtime(t))
 
 
 def _field_of(message: str) -> str:

@@ -3,12 +3,14 @@ command line it runs (`deskpod.jobs.kinds.video`); the dashboard's form makes th
 
 from __future__ import annotations
 
+import json
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from deskpod.errors import ConfigError
+from deskpod.errors import ConfigError, ConflictError
 from deskpod.jobs.kinds import video
 from deskpod.jobs.spec import SPEC_SCHEMA, parse_spec
 from deskpod.web.video import form_spec
@@ -79,3 +81,83 @@ def test_the_dashboard_form_makes_the_same_spec() -> None:
     assert parse_spec(form_spec(fields)) == parse_spec(api)
     with pytest.raises(ConfigError, match=r"video.fps = 'fast' is not a number"):
         form_spec({**fields, "fps": "fast"})
+
+
+DOOR = [[440, 280], [560, 280], [560, 340], [440, 340]]
+
+
+def test_rules_and_a_webhook_go_on_the_command_line(tmp_path: Path) -> None:
+    rules = [{"name": "door", "kind": "enter", "region": DOOR},
+             {"kind": "face", "photos": ["/home/me/suspect.jpg"], "threshold": 0.9},
+             {"kind": "loiter", "region": DOOR, "seconds": 30, "streams": ["door.mp4"]}]  # fmt: skip
+    spec = parse_spec({"video": {"sources": ["/cams/door.mp4"], "rules": rules, "webhook": "http://127.0.0.1:9/a"}})
+    assert spec.video is not None and spec.video["rules"] == rules and parse_spec(spec.to_json()) == spec
+    argv = spec.argv(tmp_path)
+    at = argv.index("--rules-json")
+    assert json.loads(argv[at + 1]) == rules and argv[at + 2 :] == ["--webhook", "http://127.0.0.1:9/a"]
+    assert video.local_photos(spec.video) == [Path("/home/me/suspect.jpg")]
+    assert "--rules-json" not in parse_spec({"video": {"sources": ["/a"]}}).argv(tmp_path)
+    toml = parse_spec(
+        tomllib.loads(f"""
+[video]
+sources = ["/cams/door.mp4"]
+[[video.rules]]
+kind = "enter"
+region = {DOOR}
+""")
+    )  # fmt: skip  (the TOML shape of a rules file, as [[video.rules]] tables)
+    assert toml.video is not None and toml.video["rules"] == [{"kind": "enter", "region": DOOR}]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"rules": []}, r"video.rules = \[\] is not valid; expected a list of 1 to 64 rule tables, e\.g\. rules = "),
+        ({"rules": {"kind": "enter"}}, r"video.rules = \{'kind': 'enter'\} is not valid; expected a list of 1 to 64"),
+        ({"rules": ["door"]}, r"job spec: video.rules: rule 1: a rule is a \[\[rule\]\] table, got str"),
+        ({"rules": [{"kind": "run"}]}, r"video.rules: rule 1: kind = \"run\" is not valid; give one of face, enter"),
+        ({"rules": [{"kind": "enter"}]}, r"video.rules: rule 1 \(enter\): region is missing; give a polygon of 3"),
+        ({"rules": [{"kind": "enter", "region": [[0, 0], [5, 5], [9, 9]]}]}, r"its corners enclose no area"),
+        (
+            {"rules": [{"kind": "enter", "region": DOOR, "colour": "red"}]},
+            r"rule 1 \(enter\): unknown key 'colour'; a enter rule takes name, kind, streams, region, label, anchor",
+        ),
+        ({"rules": [{"kind": "loiter", "region": DOOR}]}, r"rule 1 \(loiter\): seconds is missing; give a positive"),
+        (
+            {"rules": [{"kind": "face", "photos": ["suspect.jpg"]}]},
+            r"rule 1 \(face\): photos = \"suspect.jpg\" is not valid; give a list of absolute paths of photos",
+        ),
+        (
+            {"rules": [{"kind": "face", "photos": ["/a.jpg"], "threshold": 2}]},
+            r"threshold = 2.0 is not valid; give a cosine similarity above 0",
+        ),
+        (
+            {"rules": [{"name": "x", "kind": "enter", "region": DOOR}, {"name": "x", "kind": "enter", "region": DOOR}]},
+            r"video.rules: rule 2: name = 'x' is taken by rule 1; names are unique",
+        ),
+        (
+            {"rules": [{"kind": "enter", "region": DOOR}], "webhook": "ftp://x/y"},
+            r"video.webhook = 'ftp://x/y' is not valid; expected an http:// or https:// URL",
+        ),
+        ({"rules": [{"kind": "enter", "region": DOOR}], "webhook": "http://a b/"}, r"video.webhook = 'http://a b/'"),
+        (
+            {"webhook": "http://127.0.0.1:9/a"},
+            r"video.webhook = .* is not valid; a webhook receives the alerts of rules",
+        ),
+    ],
+)
+def test_bad_rules_and_webhooks_are_one_line(extra: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as e:
+        parse_spec({"video": {"sources": ["/a"], **extra}})
+    assert "\n" not in str(e.value)
+
+
+def test_the_job_checks_its_photos_and_the_application_reads_its_rules(tmp_path: Path) -> None:
+    spec = {"sources": [str(tmp_path)], "rules": [{"kind": "face", "photos": [str(tmp_path / "no.jpg")]}]}
+    with pytest.raises(ConflictError, match=r"video.rules photo '.*no.jpg' is not a file on this box"):
+        video.check(video.parse(spec))
+    pytest.importorskip("cv2")
+    from deskpod.video.rules import EnterRule, parse_rules
+
+    (rule,) = parse_rules({"rule": [{"name": "door", "kind": "enter", "region": DOOR}]}, base_dir=None)
+    assert isinstance(rule, EnterRule) and rule.region.points[2] == (560.0, 340.0)

@@ -8,6 +8,22 @@ streams last (a live one: until the job is stopped), writing its per-stream figu
     fps = 5                          # frames analysed per second of video, per stream
     detect = ["hog-people", "dlib-hog-face"]
     batch = 16                       # frames per batch across streams
+    webhook = "http://127.0.0.1:9000/alerts"   # optional: POST each alert here (JSON)
+
+    [[video.rules]]                  # optional: watch rules, as in `deskpod video watch --rules` files
+    name = "door"
+    kind = "enter"
+    region = [[440, 280], [560, 280], [560, 340], [440, 340]]
+
+    [[video.rules]]
+    kind = "face"
+    photos = ["/abs/watchlist/suspect.jpg"]   # absolute paths, opened as the job's user like its sources
+
+With ``rules``, the one process of the job both indexes and watches: ``deskpod video index ... --rules-json RULES
+[--webhook URL]`` runs the watcher (`deskpod.video.watch`) on a thread beside the indexer, over the same database,
+so the job has one command, one log and one exit status, and the alerts sit in the job's database for the
+dashboard (`deskpod.web.video`). The rules travel on the command line as JSON (they are short; the kind builds a
+command line and writes no files).
 
 The kind only builds the command line: the pod never imports the video application (`deskpod.video`, a layer
 above it). On a pod that runs jobs as their users' accounts, a local source and the database's folder are opened
@@ -17,6 +33,7 @@ a URL needs only the network, which a job has.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Mapping
@@ -25,9 +42,10 @@ from typing import Any
 
 from deskpod.errors import ConflictError
 from deskpod.jobs.kinds.fields import bad, integer, table
+from deskpod.jobs.kinds.watch_rules import check_rules
 from deskpod.train.runs import NAME_MAX
 
-FIELDS = ("sources", "db", "fps", "detect", "batch")
+FIELDS = ("sources", "db", "fps", "detect", "batch", "rules", "webhook")
 DETECTORS = ("hog-people", "dlib-hog-face", "haar-face", "dlib-cnn-face")
 """The detectors ``deskpod video index --detect`` knows (`deskpod.video.detectors.DETECTORS`; a test keeps the two
 in step: the pod cannot import the application to ask it)."""
@@ -43,6 +61,10 @@ SOURCE = "^(/[^\\u0000]*|(rtsps?|https?)://[^\\u0000-\\u0020\\u007f]+)$"
 """A source: an absolute path, or a URL with no space or control character (the API's schema and `parse` alike)."""
 DB = "^/[^\\u0000]*[^/\\u0000]$"
 """A database: an absolute path of a file (not ending in '/')."""
+WEBHOOK = "^https?://[^\\u0000-\\u0020\\u007f/?#]+([/?#][^\\u0000-\\u0020\\u007f]*)?$"
+"""A webhook: an http(s) URL with a host, no space or control character."""
+MAX_RULES = 64
+RULE_EXAMPLE = 'rules = [{kind = "enter", region = [[440, 280], [560, 280], [560, 340], [440, 340]]}]'
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -59,6 +81,11 @@ SCHEMA: dict[str, Any] = {
         "fps": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FPS},
         "detect": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(DETECTORS)}},
         "batch": {"type": "integer", "minimum": BATCH[1], "maximum": BATCH[2]},
+        "rules": {"type": "array", "minItems": 1, "maxItems": MAX_RULES, "items": {"type": "object"},
+                  "description": "watch rules: tables of kind face (photos), enter (region) or loiter (region, "
+                                 "seconds), as in a deskpod video watch rules file; photos are absolute paths"},
+        "webhook": {"type": "string", "pattern": WEBHOOK, "maxLength": 4096,
+                    "description": "with rules: POST each alert as JSON to this http(s) URL"},
     },
 }  # fmt: skip
 
@@ -96,6 +123,20 @@ def parse(t: object) -> dict[str, Any]:
             raise bad("video.detect", d, f"use one of {', '.join(DETECTORS)}")
     out["detect"] = list(dict.fromkeys(detect))
     out["batch"] = integer(t, "batch", BATCH[0], BATCH[1], BATCH[2], "video.")
+    if "rules" in t:
+        rules = t["rules"]
+        if not isinstance(rules, list) or not 1 <= len(rules) <= MAX_RULES:
+            raise bad("video.rules", rules, f"expected a list of 1 to {MAX_RULES} rule tables, e.g. {RULE_EXAMPLE}")
+        check_rules(rules, "job spec: video.rules", base_dir=None, threshold=None, example=RULE_EXAMPLE)
+        out["rules"] = [dict(r) for r in rules]
+    if "webhook" in t:
+        hook = t["webhook"]
+        if not isinstance(hook, str) or len(hook) > 4096 or not re.fullmatch(WEBHOOK, hook):
+            raise bad("video.webhook", hook, 'expected an http:// or https:// URL, e.g. webhook = '
+                      '"http://127.0.0.1:9000/alerts"')  # fmt: skip
+        if "rules" not in out:
+            raise bad("video.webhook", hook, "a webhook receives the alerts of rules: add rules, or leave it out")
+        out["webhook"] = hook
     return out
 
 
@@ -111,6 +152,12 @@ def local_sources(video: Mapping[str, Any]) -> list[Path]:
     return [Path(s) for s in video["sources"] if str(s).startswith("/")]
 
 
+def local_photos(video: Mapping[str, Any]) -> list[Path]:
+    """The face rules' photos (absolute paths on this box), each once."""
+    photos = [p for r in video.get("rules", []) if r.get("kind") == "face" for p in r.get("photos", [])]
+    return [Path(p) for p in dict.fromkeys(photos)]
+
+
 def db_path(video: Mapping[str, Any], folder: Path) -> Path:
     """The job's index database: ``db``, or ``video.db`` in its ``folder``."""
     return Path(video["db"]) if "db" in video else folder / DB_NAME
@@ -122,18 +169,24 @@ def check(video: Mapping[str, Any]) -> None:
     for path in local_sources(video):
         if not path.exists():
             raise ConflictError(f"job spec: video.sources {str(path)!r} is not a file or folder on this box")
+    for path in local_photos(video):
+        if not path.is_file():
+            raise ConflictError(f"job spec: video.rules photo {str(path)!r} is not a file on this box")
     if "db" in video and not Path(video["db"]).parent.is_dir():
         raise ConflictError(f"job spec: video.db {video['db']!r}: its folder is not on this box; make it first")
 
 
 def argv(video: Mapping[str, Any], name: str, folder: Path) -> list[str]:
     """``deskpod video index`` over the sources into the job's database, writing its figures to the job folder's
-    `STATS_FILE`; a restarted job resumes each file where the database says it stopped."""
+    `STATS_FILE`, and watching it by the job's rules; a restarted job resumes each file where the database says it
+    stopped, and each rule where it had judged."""
     v = video
     return [
         sys.executable, "-m", "deskpod", "video", "index", *v["sources"], "--db", str(db_path(v, folder)),
         "--fps", f"{float(v['fps']):g}", "--detect", *v["detect"], "--batch", str(v["batch"]),
         "--stats", str(folder / STATS_FILE),
+        *(["--rules-json", json.dumps(v["rules"], separators=(",", ":"))] if v.get("rules") else []),
+        *(["--webhook", v["webhook"]] if v.get("webhook") else []),
     ]  # fmt: skip
 
 
