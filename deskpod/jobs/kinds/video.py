@@ -42,7 +42,7 @@ from typing import Any
 
 from deskpod.errors import ConflictError
 from deskpod.jobs.kinds.fields import bad, integer, table
-from deskpod.jobs.kinds.watch_rules import check_rules
+from deskpod.jobs.kinds.watch_rules import RULE_SCHEMA, check_rules
 from deskpod.train.runs import NAME_MAX
 
 FIELDS = ("sources", "db", "fps", "detect", "batch", "rules", "webhook")
@@ -70,6 +70,7 @@ SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["sources"],
+    "dependentRequired": {"webhook": ["rules"]},
     "properties": {
         "sources": {
             "type": "array", "minItems": 1, "maxItems": MAX_SOURCES,
@@ -81,7 +82,7 @@ SCHEMA: dict[str, Any] = {
         "fps": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FPS},
         "detect": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(DETECTORS)}},
         "batch": {"type": "integer", "minimum": BATCH[1], "maximum": BATCH[2]},
-        "rules": {"type": "array", "minItems": 1, "maxItems": MAX_RULES, "items": {"type": "object"},
+        "rules": {"type": "array", "minItems": 1, "maxItems": MAX_RULES, "items": RULE_SCHEMA,
                   "description": "watch rules: tables of kind face (photos), enter (region) or loiter (region, "
                                  "seconds), as in a deskpod video watch rules file; photos are absolute paths"},
         "webhook": {"type": "string", "pattern": WEBHOOK, "maxLength": 4096,
@@ -127,7 +128,8 @@ def parse(t: object) -> dict[str, Any]:
         rules = t["rules"]
         if not isinstance(rules, list) or not 1 <= len(rules) <= MAX_RULES:
             raise bad("video.rules", rules, f"expected a list of 1 to {MAX_RULES} rule tables, e.g. {RULE_EXAMPLE}")
-        check_rules(rules, "job spec: video.rules", base_dir=None, threshold=None, example=RULE_EXAMPLE)
+        check_rules(rules, "job spec: video.rules", base_dir=None, threshold=None, example=RULE_EXAMPLE,
+                    beyond_schema=ConflictError)  # fmt: skip
         out["rules"] = [dict(r) for r in rules]
     if "webhook" in t:
         hook = t["webhook"]

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from deskpod.errors import ConfigError
+from deskpod.errors import ConfigError, DeskpodError
 
 KINDS = ("face", "enter", "loiter")
 LABELS = ("person", "face")
@@ -36,6 +36,29 @@ EXAMPLE = {
     "enter": "region = [[440, 280], [560, 280], [560, 340], [440, 340]]",
     "loiter": "region = [[615, 405], [705, 405], [705, 465], [615, 465]] and seconds = 30",
 }
+
+
+_NAME = {"type": "string", "pattern": NAME_RE.pattern}
+_STREAMS = {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}
+_REGION = {
+    "type": "array",
+    "minItems": 3,
+    "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "number", "minimum": 0}},
+}
+_IN_REGION = {"region": _REGION, "label": {"enum": list(LABELS)}, "anchor": {"enum": list(ANCHORS)}}
+RULE_SCHEMA: dict[str, Any] = {"oneOf": [
+    {"type": "object", "additionalProperties": False, "required": ["kind", "photos"],
+     "properties": {"kind": {"const": "face"}, "name": _NAME, "streams": _STREAMS,
+                    "photos": {"type": "array", "minItems": 1,
+                               "items": {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}},
+                    "threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}},
+    {"type": "object", "additionalProperties": False, "required": ["kind", "region"],
+     "properties": {"kind": {"const": "enter"}, "name": _NAME, "streams": _STREAMS, **_IN_REGION}},
+    {"type": "object", "additionalProperties": False, "required": ["kind", "region", "seconds"],
+     "properties": {"kind": {"const": "loiter"}, "name": _NAME, "streams": _STREAMS, **_IN_REGION,
+                    "seconds": {"type": "number", "exclusiveMinimum": 0}}},
+]}  # fmt: skip
+"""One rule of a video job's ``rules``, as the pod's API schema says it (photos as absolute paths)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -59,25 +82,35 @@ class RuleTable:
 
 
 def check_rules(
-    tables: object, source: str, *, base_dir: Path | None, threshold: float | None, example: str
+    tables: object,
+    source: str,
+    *,
+    base_dir: Path | None,
+    threshold: float | None,
+    example: str,
+    beyond_schema: type[DeskpodError] = ConfigError,
 ) -> list[RuleTable]:
     """The rule ``tables`` (a list of mappings), checked; `ConfigError` naming ``source`` and the rule otherwise.
     ``base_dir`` is what relative photo paths are relative to (None: photos must be absolute paths);
-    ``threshold`` the face rules' default (None: left out); ``example`` ends the message for no rules."""
+    ``threshold`` the face rules' default (None: left out); ``example`` ends the message for no rules.
+    ``beyond_schema`` is raised for what `RULE_SCHEMA` cannot say (a region of no area, two rules of one name):
+    the pod answers a spec its schema accepts with 409, not 400."""
     if not isinstance(tables, list) or not tables:
         raise ConfigError(f"{source}: no rules; {example}")
-    rules = [_check_rule(t, f"{source}: rule {i}", base_dir, threshold) for i, t in enumerate(tables, 1)]
+    rules = [_check_rule(t, f"{source}: rule {i}", base_dir, threshold, beyond_schema) for i, t in enumerate(tables, 1)]
     seen: dict[str, int] = {}
     for i, r in enumerate(rules, 1):
         if r.name in seen:
-            raise ConfigError(
+            raise beyond_schema(
                 f"{source}: rule {i}: name = {r.name!r} is taken by rule {seen[r.name]}; names are unique"
             )
         seen[r.name] = i
     return rules
 
 
-def _check_rule(t: object, where: str, base_dir: Path | None, default_threshold: float | None) -> RuleTable:
+def _check_rule(
+    t: object, where: str, base_dir: Path | None, default_threshold: float | None, beyond_schema: type[DeskpodError]
+) -> RuleTable:
     if not isinstance(t, Mapping):
         raise ConfigError(f"{where}: a rule is a [[rule]] table, got {type(t).__name__}")
     kind = t.get("kind")
@@ -93,7 +126,7 @@ def _check_rule(t: object, where: str, base_dir: Path | None, default_threshold:
         threshold = _threshold(t, where, default_threshold)
         name = _name(t, where, kind, [str(p) for p in photos], threshold, streams)
         return RuleTable(name, kind, streams, photos=photos, threshold=threshold)
-    region = _region(t, where)
+    region = _region(t, where, beyond_schema)
     label = _choice(t, where, "label", LABELS, "person")
     anchor = _choice(t, where, "anchor", ANCHORS, "bottom")
     if kind == "enter":
@@ -120,7 +153,7 @@ def _name(t: Mapping[str, Any], where: str, kind: str, *definition: object) -> s
         digest = hashlib.sha256(json.dumps([kind, *definition], default=str).encode()).hexdigest()[:8]
         return f"{kind}-{digest}"
     name = t["name"]
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         raise _bad(where, "name", name, 'give 1-64 letters, digits, ".", "_" or "-", e.g. name = "front-door"')
     return name
 
@@ -147,7 +180,7 @@ def _streams(t: Mapping[str, Any], where: str) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _region(t: Mapping[str, Any], where: str) -> tuple[tuple[float, float], ...]:
+def _region(t: Mapping[str, Any], where: str, beyond_schema: type[DeskpodError]) -> tuple[tuple[float, float], ...]:
     v = t.get("region")
     valid = f"give a polygon of 3 or more [x, y] pixel corners, e.g. {EXAMPLE['enter']}"
     if "region" not in t:
@@ -162,7 +195,7 @@ def _region(t: Mapping[str, Any], where: str) -> tuple[tuple[float, float], ...]
     points = tuple((float(p[0]), float(p[1])) for p in v)  # type: ignore[union-attr]
     area = sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(points, points[1:] + points[:1], strict=True)) / 2
     if area == 0:  # the shoelace formula, as OpenCV's contourArea
-        raise _bad(where, "region", v, f"its corners enclose no area (all on one line); {valid}")
+        raise beyond_schema(_bad(where, "region", v, f"its corners enclose no area (all on one line); {valid}").args[0])
     return points
 
 
