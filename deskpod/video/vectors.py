@@ -53,10 +53,10 @@ def nlist_for(n: int) -> int:
 
 
 def nprobe_for(nlist: int) -> int:
-    """Cells a query visits: 1/8 of them, at least `MIN_NPROBE` (128 of 1024 at 1M). Measured at 1M face-like
-    vectors (benchmarks/bench_video_search.py, 2026-12-04): recall@10 0.84 at 1/32, 0.91 at 1/16, 0.95 at 1/8,
-    0.98 at 1/4, the time per query doubling with each step."""
-    return min(nlist, max(MIN_NPROBE, nlist // 8))
+    """Cells a query visits: 3/16 of them, at least `MIN_NPROBE` (192 of 1024 at 1M). Measured at 1M face-like
+    vectors (benchmarks/bench_video_search.py, 2026-12-04, idle box): recall@10 0.91 at 1/16, 0.9498 at 1/8 (just
+    under the 0.95 aimed at), 0.98 at 1/4, the time per query doubling with each step (p95 3.2, 5.7, 11.4 ms)."""
+    return min(nlist, max(MIN_NPROBE, nlist * 3 // 16))
 
 
 class FaceIndex:
