@@ -22,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -196,8 +196,7 @@ def run_index(args: argparse.Namespace) -> int:
 
         watcher = WatchThread(db, rules, webhook=Webhook(args.webhook) if args.webhook else None,
                               on_alert=lambda a: print(a.line(), flush=True), on_event=say)  # fmt: skip
-        say(f"watching with {len(rules)} rule{'s' if len(rules) > 1 else ''}: "
-            + ", ".join(f"{r.name} ({r.kind})" for r in rules))  # fmt: skip
+        say(f"watching with {_rules_line(rules)}")
         watcher.start()
     try:
         report = index(sources, db, config, stop=stop, on_event=say, on_progress=progress)
@@ -215,6 +214,11 @@ def run_index(args: argparse.Namespace) -> int:
     stages = ", ".join(f"{k} {v:.1f} s" for k, v in report.stage_seconds.items())
     print(f"{report.batches} batches in {report.seconds:.1f} s ({stages})")
     return 1 if report.failed or (watcher is not None and watcher.error) else 0
+
+
+def _rules_line(rules: Sequence[Rule]) -> str:
+    """``2 rules: door (enter), suspect (face)``: what a watcher says it watches with."""
+    return f"{len(rules)} rule{'s' if len(rules) > 1 else ''}: " + ", ".join(f"{r.name} ({r.kind})" for r in rules)
 
 
 def _say_and_note(note: Callable[[str], None], line: str) -> None:
@@ -293,8 +297,7 @@ def run_watch(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())  # stop after this poll, deliver, exit
     say = functools.partial(print, "deskpod:", file=sys.stderr, flush=True)
-    say(f"watching {args.db} with {len(rules)} rule{'s' if len(rules) > 1 else ''}: "
-        + ", ".join(f"{r.name} ({r.kind})" for r in rules))  # fmt: skip
+    say(f"watching {args.db} with {_rules_line(rules)}")
     report = watch(Path(args.db), rules, webhook=webhook, poll_s=args.poll, history=args.history, once=args.once,
                    stop=stop, on_alert=lambda a: print(a.line(), flush=True), on_event=say)  # fmt: skip
     delivered = f", {report.sent} sent, {report.failed} failed" if webhook else ""
