@@ -97,7 +97,10 @@ class Timed:
 
     def __init__(self, inner: Any, stage: str, clock: Clock) -> None:
         self.inner, self.stage, self.clock = inner, stage, clock
-        self.name, self.label = inner.name, inner.label
+        self.name, self.labels = inner.name, inner.labels
+
+    def close(self) -> None:
+        self.inner.close()
 
     def detect(self, frames: Any) -> Any:
         t0 = time.monotonic()

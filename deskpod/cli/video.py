@@ -9,7 +9,8 @@ deskpod video alerts --db DB                                        the alerts r
 deskpod video crops DB --out DIR [--label person|face] [--min-size PX] [--classes a,b]   pictures of tracks to sort
 deskpod video search --classifier RUN_OR_MODEL --label NAME --db DB [--top K] [--min-score P]   tracks it recognises
 
-A SOURCE is a video file, a folder of them, or a live URL (rtsp://, http(s)://). Indexing resumes where an
+A detector NAME is a built-in one or a model of a repository, repo:PATH/MODEL[:VERSION], whose config declares its
+output layout. A SOURCE is a video file, a folder of them, or a live URL (rtsp://, http(s)://). Indexing resumes where an
 earlier run into the same DB committed. A search of DB reads DB and its shards (a Slurm video job's: one per
 node). docs/video.md is the guide.
 """
@@ -55,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--detect",
         nargs="+",
         metavar="NAME",
-        help="detectors: hog-people, dlib-hog-face, haar-face, dlib-cnn-face (default: hog-people dlib-hog-face)",
+        help="detectors: hog-people, dlib-hog-face, haar-face, dlib-cnn-face (default: hog-people dlib-hog-face), "
+        "or a model of a repository that declares its output layout: repo:PATH/MODEL[:VERSION] (docs/video.md)",
     )
     i.add_argument("--batch", type=int, default=16, metavar="N", help="frames per batch across streams (default 16)")
     i.add_argument("--live-for", type=float, metavar="S", help="stop live streams after S seconds (default: never)")

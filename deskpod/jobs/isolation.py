@@ -140,6 +140,7 @@ class Isolation:
         if spec.video is not None:
             for fd, _, _ in self.video_binds(who, spec.video):
                 os.close(fd)
+            video_kind.check_models(spec.video)  # folders the account could open: is each a detector that fits?
 
     def account(self, user: User | None) -> Account | None:
         """The account the job runs as, when it is not the daemon's own."""
@@ -315,7 +316,8 @@ class Isolation:
 
     def video_binds(self, account: Account, video: Mapping[str, Any]) -> list[tuple[int, Path, bool]]:
         """What a video job reads and writes outside its folder, opened as ``account``, as sandbox binds ``(fd,
-        where, writable)``: each local source (a file or a folder of videos) and each face rule's photo read-only
+        where, writable)``: each local source (a file or a folder of videos), each face rule's photo and each detector's
+        model folder read-only
         (`open_as`), and the
         database's folder writable when the spec names one (`open_folder`). `ConflictError` naming the first that
         the account cannot open."""
@@ -326,6 +328,9 @@ class Isolation:
                 out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
             for path in video_kind.local_photos(video):
                 fd = open_as(account, path, _VIDEO_PHOTO, directory=False)
+                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+            for ref in video_kind.model_detectors(video):
+                fd = open_as(account, ref.folder, _VIDEO_MODEL)
                 out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
             if "db" in video:
                 shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # the message is formatted
@@ -389,6 +394,7 @@ _WORKDIR = "job spec: workdir {path!r} is not a folder you can open on this box"
 _SERVE_RUN = "job spec: serve.run {path!r} is not a run folder you can open on this box"
 _VIDEO_SOURCE = "job spec: video.sources {path!r} is not a video file or folder you can open on this box"
 _VIDEO_PHOTO = "job spec: video.rules photo {path!r} is not a file you can open on this box"
+_VIDEO_MODEL = "job spec: video.detect model folder {path!r} is not a folder you can open on this box"
 _VIDEO_DB = "job spec: video.db {db!r}: its folder {path!r} is not one you can open on this box"
 
 

@@ -27,6 +27,7 @@ parser against Triton's ``model_config.proto`` (`read_triton_config`), mapped on
     labels = ["T-shirt", ...]         # class names, reported in the model metadata
     mean = [0.286]; std = [0.353]     # the normalisation baked into the exported graph (informational)
     [preprocess] ...                  # an encoded-image input (deskpod/serve/images.py)
+    [detection] layout = "yolo" ...   # a detector's output layout (deskpod/serve/detection.py)
     [[input]]  name = "input"  datatype = "FP32"  dims = [1, 28, 28]   # dims exclude the batch dimension
     [[output]] name = "logits" datatype = "FP32"  dims = [10]
 """
@@ -116,6 +117,8 @@ class ModelConfig:
     std: tuple[float, ...] = ()
     preprocess: dict[str, Any] | None = None
     """The ``[preprocess]`` table (an image input, read by `deskpod.serve.images`); None: tensors only."""
+    detection: dict[str, Any] | None = None
+    """The ``[detection]`` table: a detector's output layout (`deskpod.serve.detection`); None: not a detector."""
 
     def __post_init__(self) -> None:
         if self.platform not in PLATFORMS:
@@ -314,6 +317,8 @@ TRITON_FIELDS = frozenset(
 )
 # Backend parameters (``parameters { key: ... value: { string_value: ... } }``) that map onto a setting.
 TRITON_PARAMETERS = {"intra_op_thread_count": "threads"}
+DETECTION_PARAMETER = "deskpod.detection."
+"""Parameters ``deskpod.detection.<setting>`` are the ``[detection]`` table (``...labels``: class names, "a,b")."""
 
 
 def _refuse_unsupported(msg: Any, model: str, prefix: str = "") -> None:
@@ -447,15 +452,24 @@ def parse_triton_config(text: str, model_dir: Path) -> ModelConfig:
         outputs.append(spec)
         labels = labels or found
     settings: dict[str, Any] = {}
+    detection: dict[str, str] = {}
     for key, value in cfg.parameters.items():
+        if key.startswith(DETECTION_PARAMETER):
+            detection[key.removeprefix(DETECTION_PARAMETER)] = value.string_value
+            continue
         if key not in TRITON_PARAMETERS:
             raise ConfigError(
-                f"model {model!r}: parameters key {key!r} is not supported; supported: {', '.join(TRITON_PARAMETERS)}"
+                f"model {model!r}: parameters key {key!r} is not supported; supported: "
+                f"{', '.join(TRITON_PARAMETERS)}, {DETECTION_PARAMETER}<setting>"
             )
         try:
             settings[TRITON_PARAMETERS[key]] = int(value.string_value)
         except ValueError:
             raise ConfigError(f"model {model!r}: parameters {key} = {value.string_value!r} is not an integer") from None
+    if "labels" in detection:
+        labels = tuple(n.strip() for n in detection.pop("labels").split(","))
+    if detection:
+        settings["detection"] = detection
     if cfg.HasField("dynamic_batching"):
         db = cfg.dynamic_batching
         settings |= {

@@ -8,6 +8,7 @@ Every detector here runs on weights that install with a package, nothing downloa
 | ``haar-face`` | frontal faces | OpenCV's Haar cascade ``haarcascade_frontalface_default.xml`` (cv2.data) |
 | ``dlib-hog-face`` | frontal and slightly turned faces | dlib's HOG face detector, compiled into dlib |
 | ``dlib-cnn-face`` | faces at any pose, slower on a CPU | dlib's MMOD CNN, ``mmod_human_face_detector.dat`` (face_recognition_models) |
+| ``repo:PATH/MODEL[:VERSION]`` | what the model's labels name | a model of a repository that declares its output layout (`deskpod.video.model_detector`) |
 
 A batch is a list of BGR uint8 frames; OpenCV and dlib release the GIL while they work, so a batch is spread over
 a pool of threads (one per core), and dlib's CNN takes same-sized frames as one tensor batch. Which detector is the
@@ -46,9 +47,19 @@ class Detection:
 
 class Detector(Protocol):
     name: str
-    label: str
+    labels: tuple[str, ...]
+    """Every label its detections carry (the indexer tracks each apart)."""
 
     def detect(self, frames: Sequence[np.ndarray]) -> list[list[Detection]]: ...
+
+    def close(self) -> None: ...
+
+
+class _Builtin:
+    """What the built-in detectors share: nothing to release."""
+
+    def close(self) -> None:
+        pass
 
 
 def models_dir() -> Path:
@@ -80,12 +91,12 @@ def person_in_window(x: float, y: float, w: float, h: float) -> tuple[float, flo
     return (x + w / 4, y + h / 8, x + w - w / 4, y + h - h / 8)
 
 
-class HogPeople:
+class HogPeople(_Builtin):
     """OpenCV's HOG people detector. Frames wider than ``max_width`` are scaled down first (speed), boxes back up;
     each box is the person inside the detection window (`person_in_window`), not the window."""
 
     name = "hog-people"
-    label = "person"
+    labels: tuple[str, ...] = ("person",)
 
     def __init__(self, max_width: int = 1024, min_score: float = 0.5) -> None:
         self.max_width = max_width
@@ -108,11 +119,11 @@ class HogPeople:
         return _map(self._one, frames)
 
 
-class HaarFace:
+class HaarFace(_Builtin):
     """OpenCV's frontal-face Haar cascade; the score is the last stage's level weight."""
 
     name = "haar-face"
-    label = "face"
+    labels: tuple[str, ...] = ("face",)
 
     def __init__(self, min_size: int = 24) -> None:
         folder: str = cv2.data.haarcascades  # type: ignore[attr-defined]
@@ -141,11 +152,11 @@ def _rect_box(r: Any, shape: tuple[int, ...]) -> tuple[float, float, float, floa
     return (float(max(0, r.left())), float(max(0, r.top())), float(min(w, r.right())), float(min(h, r.bottom())))
 
 
-class DlibHogFace:
+class DlibHogFace(_Builtin):
     """dlib's HOG face detector; frames smaller than ``upsample_below`` px wide are upsampled once (small faces)."""
 
     name = "dlib-hog-face"
-    label = "face"
+    labels: tuple[str, ...] = ("face",)
 
     def __init__(self, upsample_below: int = 400, min_score: float = 0.0) -> None:
         self._local = threading.local()  # dlib's detector keeps scratch state: one per thread (shared, it crashes)
@@ -164,11 +175,11 @@ class DlibHogFace:
         return _map(self._one, frames)
 
 
-class DlibCnnFace:
+class DlibCnnFace(_Builtin):
     """dlib's MMOD CNN face detector; same-sized frames go through it as one batch."""
 
     name = "dlib-cnn-face"
-    label = "face"
+    labels: tuple[str, ...] = ("face",)
 
     def __init__(self, upsample_below: int = 400, batch_size: int = 8) -> None:
         self._cnn = dlib.cnn_face_detection_model_v1(str(models_dir() / "mmod_human_face_detector.dat"))
@@ -201,10 +212,26 @@ DEFAULT_DETECTORS = ("hog-people", "dlib-hog-face")
 
 
 def make_detectors(names: Sequence[str]) -> list[Detector]:
-    """The detectors named, in order; an unknown name lists the valid ones."""
-    out = []
-    for n in names:
-        if n not in DETECTORS:
-            raise ConfigError(f"--detect {n}: no such detector (valid: {', '.join(DETECTORS)})")
-        out.append(DETECTORS[n]())
+    """The detectors named, in order: a built-in by its name, or a model of a repository by ``repo:PATH/MODEL`` or
+    ``repo:PATH/MODEL:VERSION`` (`deskpod.video.model_detector`); an unknown name lists the valid ones."""
+    from deskpod.serve.detection import PREFIX
+
+    out: list[Detector] = []
+    try:
+        for n in names:
+            if n.startswith(PREFIX):
+                from deskpod.video.model_detector import ModelDetector
+
+                out.append(ModelDetector(n))
+            elif n in DETECTORS:
+                out.append(DETECTORS[n]())
+            else:
+                raise ConfigError(
+                    f"--detect {n}: no such detector (valid: {', '.join(DETECTORS)}, or a model of a repository: "
+                    f"{PREFIX}PATH/MODEL[:VERSION])"
+                )
+    except BaseException:
+        for d in out:
+            d.close()
+        raise
     return out

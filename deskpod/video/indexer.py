@@ -22,7 +22,7 @@ import numpy as np
 
 from deskpod.environment.files import write_bytes
 from deskpod.errors import StreamError
-from deskpod.video.detectors import DEFAULT_DETECTORS, Detection, make_detectors
+from deskpod.video.detectors import DEFAULT_DETECTORS, Detection, Detector, make_detectors
 from deskpod.video.faces import FaceEmbedder, normalise
 from deskpod.video.sources import Backoff, Frame, Source, read
 from deskpod.video.store import Store, TrackRow
@@ -36,7 +36,7 @@ class IndexConfig:
     fps: float = 5.0
     """Frames analysed per second of video, per stream."""
     detect: tuple[str, ...] = DEFAULT_DETECTORS
-    """Detectors by name (`detectors.DETECTORS`)."""
+    """Detectors by name (`detectors.DETECTORS`), or models of a repository (``repo:PATH/MODEL[:VERSION]``)."""
     batch: int = 16
     """Frames per batch through the detectors (taken across streams)."""
     max_wait_s: float = 0.2
@@ -119,10 +119,26 @@ def index(
     """Index ``sources`` into the database at ``db``, resuming where an earlier run committed. ``on_progress``
     is called (on this thread) after each committed batch with every stream's figures and the store, and with
     ``True`` when a stream ends and when the run does (`deskpod.video.progress` writes them to a file)."""
-    stop = stop or threading.Event()
-    say = on_event or (lambda _line: None)
     detectors = make_detectors(config.detect)
-    labels = sorted({d.label for d in detectors})
+    try:
+        return _index(sources, db, config, detectors, stop=stop or threading.Event(), say=on_event or (lambda _: None),
+                      on_progress=on_progress)  # fmt: skip
+    finally:
+        for d in detectors:
+            d.close()
+
+
+def _index(
+    sources: Sequence[Source],
+    db: Path,
+    config: IndexConfig,
+    detectors: Sequence[Detector],
+    *,
+    stop: threading.Event,
+    say: Callable[[str], None],
+    on_progress: Callable[[Sequence[StreamStats], Store, bool], None] | None,
+) -> IndexReport:
+    labels = sorted({label for d in detectors for label in d.labels})
     embedder = FaceEmbedder() if "face" in labels else None
     store = Store(db)
     stats = {s.name: StreamStats(s.name) for s in sources}
@@ -238,7 +254,7 @@ def _close_stream(
 
 def _run_batch(
     batch: list[Frame],
-    detectors: Sequence[object],
+    detectors: Sequence[Detector],
     labels: list[str],
     embedder: FaceEmbedder | None,
     trackers: dict[str, StreamTracker],
@@ -252,7 +268,7 @@ def _run_batch(
     images = [f.image for f in batch]
     found: list[list[Detection]] = [[] for _ in batch]
     for d in detectors:
-        for i, dets in enumerate(d.detect(images)):  # type: ignore[attr-defined]
+        for i, dets in enumerate(d.detect(images)):
             found[i].extend(dets)
     t1 = time.monotonic()
     stages["detect"] += t1 - t0

@@ -192,3 +192,29 @@ def test_the_job_checks_its_photos_and_the_application_reads_its_rules(tmp_path:
 
     (rule,) = parse_rules({"rule": [{"name": "door", "kind": "enter", "region": DOOR}]}, base_dir=None)
     assert isinstance(rule, EnterRule) and rule.region.points[2] == (560.0, 340.0)
+
+
+def test_a_repository_detector_is_checked_at_submission(tmp_path: Path) -> None:
+    """``detect = ["repo:/abs/MODEL"]``: an absolute model folder in the spec; at submission (`video.check`, a 409
+    from the pod) a folder that is no model, or a model without a layout that fits, is one line."""
+    model = tmp_path / "m"
+    (model / "1").mkdir(parents=True)
+    spec = parse_spec({"video": {"sources": [str(tmp_path)], "detect": ["hog-people", f"repo:{model}:1"]}})
+    argv = spec.argv(tmp_path)
+    assert argv[argv.index("--detect") : argv.index("--batch")] == ["--detect", "hog-people", f"repo:{model}:1"]
+    with pytest.raises(ConfigError, match=r"video.detect = 'repo:models/m' is not valid; use one of hog-people, "):
+        parse_spec({"video": {"sources": ["/a"], "detect": ["repo:models/m"]}})
+    with pytest.raises(ConflictError, match=f"video.detect 'repo:{model}:1': .*no model folder"):
+        video.check(spec.video or {})
+    (model / "config.toml").write_text(
+        'platform = "onnxruntime"\nmax_batch_size = 0\nlabels = ["person"]\n'
+        '[[input]]\nname = "image"\ndatatype = "FP32"\ndims = [3, -1, -1]\n'
+        '[[output]]\nname = "boxes"\ndatatype = "FP32"\ndims = [-1, 4]\n'
+    )
+    with pytest.raises(ConflictError, match="declares no detection layout: add \\[detection\\] layout = one of") as e:
+        video.check(spec.video or {})
+    assert "\n" not in str(e.value)
+    with (model / "config.toml").open("a") as f:
+        f.write('[detection]\nlayout = "torchvision"\n')
+    with pytest.raises(ConflictError, match="layout torchvision needs an output 'scores'"):
+        video.check(spec.video or {})

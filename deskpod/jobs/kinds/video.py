@@ -6,7 +6,7 @@ streams last (a live one: until the job is stopped), writing its per-stream figu
     sources = ["/abs/cams/door.mp4", "rtsp://127.0.0.1:8554/gate"]   # files, folders of them, live URLs
     db = "/abs/path/video.db"        # the index (default: video.db in the job's folder)
     fps = 5                          # frames analysed per second of video, per stream
-    detect = ["hog-people", "dlib-hog-face"]
+    detect = ["hog-people", "dlib-hog-face"]   # or a model of a repository: "repo:/abs/models/yolo[:VERSION]"
     batch = 16                       # frames per batch across streams
     webhook = "http://127.0.0.1:9000/alerts"   # optional: POST each alert here (JSON)
 
@@ -40,9 +40,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from deskpod.errors import ConflictError
+from deskpod.errors import ConfigError, ConflictError
 from deskpod.jobs.kinds.fields import bad, integer, table
 from deskpod.jobs.kinds.watch_rules import RULE_SCHEMA, check_rules
+from deskpod.serve.detection import ModelRef, check_model
 from deskpod.train.runs import NAME_MAX
 
 FIELDS = ("sources", "db", "fps", "detect", "batch", "rules", "webhook")
@@ -50,6 +51,9 @@ DETECTORS = ("hog-people", "dlib-hog-face", "haar-face", "dlib-cnn-face")
 """The detectors ``deskpod video index --detect`` knows (`deskpod.video.detectors.DETECTORS`; a test keeps the two
 in step: the pod cannot import the application to ask it)."""
 DEFAULT_DETECT = ("hog-people", "dlib-hog-face")
+MODEL_DETECTOR = "^repo:/[^\\u0000]*[^/\\u0000]$"
+"""A detector that is a model of a repository (`deskpod.serve.detection.ModelRef`): ``repo:`` and an absolute path
+of its folder, optionally ``:VERSION``; checked at submission (`check`: the model declares a layout that fits)."""
 MAX_SOURCES = 256
 MAX_FPS = 120.0
 BATCH = (16, 1, 1024)
@@ -80,7 +84,10 @@ SCHEMA: dict[str, Any] = {
         "db": {"type": "string", "pattern": DB, "maxLength": 4096,
                "description": f"absolute path of the index database (default: {DB_NAME} in the job folder)"},
         "fps": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_FPS},
-        "detect": {"type": "array", "minItems": 1, "items": {"type": "string", "enum": list(DETECTORS)}},
+        "detect": {"type": "array", "minItems": 1, "items": {"anyOf": [
+            {"type": "string", "enum": list(DETECTORS)},
+            {"type": "string", "pattern": MODEL_DETECTOR, "maxLength": 4096}]},
+            "description": "built-in detectors by name, or models of a repository: repo:/abs/models/NAME[:VERSION]"},
         "batch": {"type": "integer", "minimum": BATCH[1], "maximum": BATCH[2]},
         "rules": {"type": "array", "minItems": 1, "maxItems": MAX_RULES, "items": RULE_SCHEMA,
                   "description": "watch rules: tables of kind face (photos), enter (region) or loiter (region, "
@@ -120,8 +127,9 @@ def parse(t: object) -> dict[str, Any]:
     if not isinstance(detect, list) or not detect or not all(isinstance(d, str) for d in detect):
         raise bad("video.detect", detect, f'expected a list of detector names, e.g. detect = ["{DEFAULT_DETECT[0]}"]')
     for d in detect:
-        if d not in DETECTORS:
-            raise bad("video.detect", d, f"use one of {', '.join(DETECTORS)}")
+        if d not in DETECTORS and not (len(d) <= 4096 and re.fullmatch(MODEL_DETECTOR, d)):
+            raise bad("video.detect", d, f"use one of {', '.join(DETECTORS)}, or a model of a repository by its "
+                      "absolute path: repo:/home/me/models/yolo (or repo:/home/me/models/yolo:2)")  # fmt: skip
     out["detect"] = list(dict.fromkeys(detect))
     out["batch"] = integer(t, "batch", BATCH[0], BATCH[1], BATCH[2], "video.")
     if "rules" in t:
@@ -154,6 +162,21 @@ def local_sources(video: Mapping[str, Any]) -> list[Path]:
     return [Path(s) for s in video["sources"] if str(s).startswith("/")]
 
 
+def model_detectors(video: Mapping[str, Any]) -> list[ModelRef]:
+    """The detectors that are models of a repository."""
+    return [ModelRef.parse(d, "video.detect") for d in video["detect"] if d not in DETECTORS]
+
+
+def check_models(video: Mapping[str, Any]) -> None:
+    """Each detector that is a model of a repository is a model folder whose config declares a detection layout
+    that its outputs fit (`deskpod.serve.detection.check_model`); `ConflictError` naming it otherwise."""
+    for ref in model_detectors(video):
+        try:
+            check_model(ref)
+        except ConfigError as e:
+            raise ConflictError(f"job spec: video.detect {str(ref)!r}: {e}") from None
+
+
 def local_photos(video: Mapping[str, Any]) -> list[Path]:
     """The face rules' photos (absolute paths on this box), each once."""
     photos = [p for r in video.get("rules", []) if r.get("kind") == "face" for p in r.get("photos", [])]
@@ -174,6 +197,7 @@ def check(video: Mapping[str, Any]) -> None:
     for path in local_photos(video):
         if not path.is_file():
             raise ConflictError(f"job spec: video.rules photo {str(path)!r} is not a file on this box")
+    check_models(video)
     if "db" in video and not Path(video["db"]).parent.is_dir():
         raise ConflictError(f"job spec: video.db {video['db']!r}: its folder is not on this box; make it first")
 
