@@ -8,7 +8,7 @@ package sources pip is configured with here (`deskpod.envs.index`): the same res
 ``pip install .`` (checked: the same 75 distributions at the same versions), with pip seeded into it for ``pip
 list`` and ``pip check``. uv unpacks into its cache (one under the environment's folder, removed with it), hardlinks
 from there and compiles the bytecode in parallel (as pip does, one file at a time: without it the first imports of
-torch compile it, and the tests below pay): 28 to 34 s on the 2-core box where pip took 93 to 109 s.
+torch compile it, and the tests below pay): 33.5 s on the 2-core box where pip took 108.6 s (docs/benchmarks.md).
 
 Slow (a virtual environment of torch), so not in ``make check``.
 """
