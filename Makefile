@@ -20,7 +20,8 @@ pip_install = $(BIN)/python -m pip install -q $(1) 2>&1 | { grep -v '^WARNING: L
 demo: core data
 	$(BIN)/deskpod train
 
-# The fast tier, for the edit-test loop: what starts no server, cluster or browser, on CHECK_JOBS processes.
+# The fast tier, for the edit-test loop: what starts no server, cluster or browser, on CHECK_JOBS processes
+# (make test runs it so too: see unit).
 CHECK_JOBS ?= 2
 check: install lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(CHECK_JOBS) -m "not server and not slow"
@@ -99,8 +100,15 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# make test's tests in two runs: first the fast tier (less any test marked `alone`: it measures this box's speed) on
+# CHECK_JOBS processes, then the rest one at a time: servers, the Slurm cluster, browsers, multi-process training
+# and fresh environments, which use both cores and fixed ports or homes themselves. Both run; either failing fails.
+PARALLEL := not server and not slow and not alone
 unit: install
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+	status=0; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(CHECK_JOBS) -m "$(PARALLEL)" --durations=10 || status=$$?; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not ($(PARALLEL))" --durations=25 || status=$$?; \
+	exit $$status
 
 bench: install data
 	$(BIN)/deskpod bench train

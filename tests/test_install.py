@@ -3,7 +3,14 @@ pinned as the Makefile pins it. No library of an extra is installed; every modul
 imports; ``deskpod train`` trains and ``deskpod up`` serves a pod; the commands of an extra, and a serve job on
 that pod, say in one line which extra to install.
 
-Slow (a virtual environment of torch, about two minutes), so not in ``make check``.
+The environment is built by uv (a core dependency; deskpod's job environments are built with it too) from the
+package sources pip is configured with here (`deskpod.envs.index`): the same resolution of the same metadata as
+``pip install .`` (checked: the same 75 distributions at the same versions), with pip seeded into it for ``pip
+list`` and ``pip check``. uv unpacks into its cache (one under the environment's folder, removed with it), hardlinks
+from there and compiles the bytecode in parallel (as pip does, one file at a time: without it the first imports of
+torch compile it, and the tests below pay): 33.5 s on the 2-core box where pip took 108.6 s (docs/benchmarks.md).
+
+Slow (a virtual environment of torch), so not in ``make check``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from deskpod.envs.cache import find_uv
+from deskpod.envs.index import package_sources
 from deskpod.errors import EXTRAS
 from tests.jobs.pods import kill_leftover_jobs, wait_for
 from tests.test_extras import extras
@@ -62,11 +71,17 @@ def lean() -> Iterator[Lean]:
         root.chmod(0o755)
         copy_source(root / "src")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "DESKPOD_URL")}
-        subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
-        pip = [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q"]
-        done = subprocess.run([*pip, *TORCH_PINS, str(root / "src")], cwd=root, env=env, capture_output=True,
-                              text=True, timeout=1200)  # fmt: skip
-        assert done.returncode == 0, done.stderr
+        uv = find_uv()
+        assert uv, "uv is a core dependency of deskpod: pip install uv"
+        build = {**package_sources().uv_environment(), **env, "UV_CACHE_DIR": str(root / "uv-cache"),
+                 "UV_LINK_MODE": "hardlink", "UV_PYTHON_DOWNLOADS": "never", "UV_NO_PROGRESS": "1"}  # fmt: skip
+        for step in (
+            [uv, "venv", "-q", "--seed", "--no-project", "--python", sys.executable, str(root / "venv")],
+            [uv, "pip", "install", "-q", "--compile-bytecode", "--python", str(root / "venv" / "bin" / "python"),
+             *TORCH_PINS, str(root / "src")],
+        ):  # fmt: skip
+            done = subprocess.run(step, cwd=root, env=build, capture_output=True, text=True, timeout=1200)
+            assert done.returncode == 0, done.stderr
         yield Lean(root, root / "venv" / "bin", env)
     finally:
         shutil.rmtree(root, ignore_errors=True)

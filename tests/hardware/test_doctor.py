@@ -13,6 +13,7 @@ from deskpod.hardware.doctor import Check, DoctorReport, judge
 Run = Callable[..., tuple[int, str, str]]
 
 
+@pytest.mark.alone  # its slots are judged against their median: a sibling test on one core makes that one slow
 def test_doctor_json_on_this_box(run_cli: Run) -> None:
     code, out, err = run_cli("doctor", "--json", "--seconds", "0.05")
     report = json.loads(out)

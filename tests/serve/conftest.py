@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.popen import stop_popen
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
@@ -103,12 +105,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def stop_server(proc: subprocess.Popen[str], drain: threading.Thread | None = None) -> None:
     """SIGTERM, 20 s, then SIGKILL; the thread reading its log (``drain``) joined, its log pipe closed."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_popen(proc, 20)
     if drain is not None:
         drain.join(timeout=20)
     if proc.stdout is not None:

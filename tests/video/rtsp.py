@@ -13,6 +13,8 @@ from typing import BinaryIO
 
 import pytest
 
+from tests.popen import stop_popen
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -62,10 +64,5 @@ class RtspStream:
 
     def stop(self) -> None:
         for p in reversed(self.procs):
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_popen(p, 5)
         self.procs.clear()
