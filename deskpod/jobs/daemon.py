@@ -12,6 +12,7 @@ Files under the home (``DESKPOD_HOME``, default ``~/.deskpod``)::
                       train jobs train.toml and runs/, for jobs with an [environment] env-build.log and environment/
     envs/             the environments jobs asked for (`deskpod env list`), shared by all jobs
     plan/             the box's calibration (`deskpod.plan.local`), the pod's alone (0700)
+    trusted-fleets/   the public keys of the fleets whose assertions the pod accepts (`deskpod.jobs.trust`; 0700)
 
 The home is mode 0711 on a root pod (users reach their job folders and the socket, nothing else).
 
@@ -229,8 +230,13 @@ def serve(
     if executor is None:  # this box runs the jobs
         executor = LocalExecutor(config, device_count=n, device_kind=kind, place=placer, isolation=isolation,
                                  confinement=confinement)  # fmt: skip
+    from deskpod.jobs.trust import Trust
+
+    trust = Trust.load(home, config.name)
+    if trust is not None:
+        print(f"deskpod: pod {config.name!r} trusts fleet(s) {', '.join(sorted(trust.keys))}", flush=True)
     pod = Pod(config, store, executor, device_count=n, device_kind=kind, place=placer, topology=topo,
-              isolation=isolation, confinement=confinement)  # fmt: skip
+              isolation=isolation, confinement=confinement, trust=trust)  # fmt: skip
     pod.start()
 
     stop_jobs = [False]
