@@ -11,9 +11,10 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from deskpod.cli.pod import _client
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -90,29 +91,15 @@ def up(args: argparse.Namespace) -> int:
     return serve(config, env, extensions=extensions, executor=executor)
 
 
-def fleet_client(args: argparse.Namespace) -> Any:
-    """The fleet's client: ``--fleet URL`` (token: DESKPOD_TOKEN_FILE), else DESKPOD_URL, else the local fleet."""
-    from deskpod.environment import Environment
-    from deskpod.jobs.client import PodClient, find_url, read_token, token_path
-
-    env = Environment.read()
-    if args.fleet:
-        return PodClient(args.fleet, read_token(token_path(env)))
-    if env.pod_url:
-        return PodClient.from_environment(env)
-    home = env.home / "fleet"
-    return PodClient(find_url(dataclasses.replace(env, home=home)), read_token(env.token_file or home / "token"))
-
-
 def fleet_add(args: argparse.Namespace) -> int:
-    with fleet_client(args) as c:
+    with _client(args) as c:
         made = c.request("POST", "/v1/fleet/members", json={"name": args.name, "url": args.url}).json()
     print(f"deskpod: member {made['name']} added ({made['url']}, its own name {made['audience']!r})")
     return 0
 
 
 def fleet_remove(args: argparse.Namespace) -> int:
-    with fleet_client(args) as c:
+    with _client(args) as c:
         done = c.request("POST", f"/v1/fleet/members/{args.name}/remove", json={"force": args.force}).json()
     if done["removed"]:
         print(
@@ -127,7 +114,7 @@ def fleet_remove(args: argparse.Namespace) -> int:
 
 
 def fleet_key(args: argparse.Namespace) -> int:
-    with fleet_client(args) as c:
+    with _client(args) as c:
         got = c.request("GET", "/v1/fleet/key").json()
     print(got["public_key"], end="")
     print(f"deskpod: fleet {got['fleet']}: save the key above to a file; on each member: deskpod up --trust-fleet FILE",
@@ -136,7 +123,7 @@ def fleet_key(args: argparse.Namespace) -> int:
 
 
 def fleet_members(args: argparse.Namespace) -> int:
-    with fleet_client(args) as c:
+    with _client(args) as c:
         got = c.request("GET", "/v1/fleet/members").json()
     if args.json:
         print(json.dumps(got, indent=2))
@@ -169,17 +156,3 @@ def describe(m: dict[str, Any]) -> str:
     sw = m["software"]
     parts.append(", ".join(f"{k} {sw.get(k) or '-'}" for k in ("deskpod", "torch", "cuda", "driver")))
     return ("DRAINING  " if m["draining"] else "") + " | ".join(parts)
-
-
-def wait_route(client: Any, job_id: str, timeout: float = 10.0) -> str | None:
-    """The fleet's routing note of a job just submitted (``routed to box-b ...: reasons``), once it is there."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.job(job_id)
-        for e in job["events"]:
-            if e["note"].startswith("routed to "):
-                return str(e["note"])
-        if job["state"] != "queued" or job["reason"].startswith("no member"):
-            return str(job["reason"]) or None
-        time.sleep(0.1)
-    return None

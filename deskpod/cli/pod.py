@@ -8,6 +8,7 @@ exits 2; an unreachable service exits 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -153,18 +154,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _client(args: argparse.Namespace | None = None) -> Any:
-    """The pod service's client, or with ``--cluster slurm`` one that asks Slurm (the same answers)."""
+    """The pod service's client, or with ``--cluster slurm`` one that asks Slurm (the same answers), or a fleet's
+    (``--fleet URL``, and ``deskpod fleet`` commands)."""
     if args is not None and getattr(args, "cluster", None) == "slurm":
         from deskpod.cluster.client import SlurmClient
 
         return SlurmClient()
-    if args is not None and getattr(args, "fleet", None):
-        from deskpod.cli.fleet import fleet_client
-
+    if args is not None and (getattr(args, "fleet", None) or hasattr(args, "fleet_command")):
         return fleet_client(args)
     from deskpod.jobs.client import PodClient
 
     return PodClient.from_environment()
+
+
+def fleet_client(args: argparse.Namespace) -> Any:
+    """The fleet's client: ``--fleet URL`` (token: DESKPOD_TOKEN_FILE), else DESKPOD_URL, else the local fleet."""
+    from deskpod.environment import Environment
+    from deskpod.jobs.client import PodClient, find_url, read_token, token_path
+
+    env = Environment.read()
+    if args.fleet:
+        return PodClient(args.fleet, read_token(token_path(env)))
+    if env.pod_url:
+        return PodClient.from_environment(env)
+    home = env.home / "fleet"
+    return PodClient(find_url(dataclasses.replace(env, home=home)), read_token(env.token_file or home / "token"))
 
 
 def up(args: argparse.Namespace) -> int:
@@ -346,8 +360,6 @@ def submit(args: argparse.Namespace) -> int:
         else:
             print(job["id"], flush=True)
         if args.fleet:  # where the fleet sends it, and why
-            from deskpod.cli.fleet import wait_route
-
             said = wait_route(c, str(job["id"]))
             if said:
                 print(f"deskpod: {said}", file=sys.stderr)
@@ -490,3 +502,17 @@ def user_whoami(args: argparse.Namespace) -> int:
         me = c.whoami()
     print(f"{me['name']}{'  (admin)' if me['admin'] else ''}")
     return 0
+
+
+def wait_route(client: Any, job_id: str, timeout: float = 10.0) -> str | None:
+    """The fleet's routing note of a job just submitted (``routed to box-b ...: reasons``), once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.job(job_id)
+        for e in job["events"]:
+            if e["note"].startswith("routed to "):
+                return str(e["note"])
+        if job["state"] != "queued" or job["reason"].startswith("no member"):
+            return str(job["reason"]) or None
+        time.sleep(0.1)
+    return None

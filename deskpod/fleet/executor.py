@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from deskpod.errors import ConflictError, DeskpodError, ServiceError, UsageError
-from deskpod.fleet.client import RENEW_S, MemberClient
+from deskpod.fleet.client import RENEW_S, MemberClient, health
 from deskpod.fleet.keys import FleetKey
 from deskpod.fleet.members import Member, Members
 from deskpod.fleet.routing import Route, Wanted, after, route
@@ -255,9 +255,16 @@ class FleetExecutor:
                 self.members.remove(m.name)
 
     def _renew(self, m: Member, jobs: list[JobRecord]) -> tuple[float, float, dict[str, dict[str, Any]], str | None]:
-        """(sent, answered, the member's jobs by id, error or None)."""
+        """(sent, answered, the member's jobs by id, error or None). A member that went silent is only probed until
+        it answers (``GET /health`` grants nothing): a renewal sent meanwhile could reach it and move the time from
+        which its jobs may go elsewhere."""
         sent = time.time()
         ids = [split(j.external or "")[1] for j in jobs]
+        if m.name in self._silent:
+            try:
+                health(m.url, timeout=RENEW_S)
+            except DeskpodError as e:
+                return sent, time.time(), {}, str(e)
         for job in jobs:
             with contextlib.suppress(DeskpodError):  # the next tick asks again (the renewal says if the member answers)
                 self._carry_out_stop(m, job)
@@ -280,9 +287,9 @@ class FleetExecutor:
     def _silent_member(self, pod: PodSide, job: JobRecord, member: str, sent: float, error: str) -> None:
         """The member did not answer: a job not started there goes elsewhere once its lease surely ran out."""
         store, now = pod.store, time.time()
-        since = self._silent.setdefault(member, sent)
+        since = self._silent.setdefault(member, sent)  # the last renewal it may have had was sent then
         if job.state is S.QUEUED:
-            until = max(self._held.get(job.id, 0.0), sent + RENEW_S + 1 + self.lease_s + SKEW)
+            until = max(self._held.get(job.id, 0.0), since + RENEW_S + 1 + self.lease_s + SKEW)
             self._held[job.id] = until
             if now >= until:
                 why = f"{member} stopped answering ({error}); its lease there ran out unstarted, so it goes elsewhere"

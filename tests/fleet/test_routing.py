@@ -87,12 +87,21 @@ def test_jobs_routed_in_one_pass_do_not_count_on_the_same_devices() -> None:
 def test_a_snapshot_is_read_from_a_members_status() -> None:
     topo = machine("dgx1-v100")
     status = {
-        "devices": [{"index": i, "kind": "cuda", "job": "7" if i < 2 else None, "user": "ann" if i < 2 else None,
-                     "name": None} for i in range(8)],  # fmt: skip
-        "queued": 1, "running": 1, "free": [[0.0, 6], [30.0, 8]],
-        "topology": {"name": topo.name, "devices": 8, "matrix": format_topo_matrix(topo, legend=False), "partitions": []},
+        "devices": [
+            {"index": i, "kind": "cuda", "job": "7" if i < 2 else None, "user": "ann" if i < 2 else None, "name": None}
+            for i in range(8)
+        ],
+        "queued": 1,
+        "running": 1,
+        "free": [[0.0, 6], [30.0, 8]],
+        "topology": {
+            "name": topo.name,
+            "devices": 8,
+            "matrix": format_topo_matrix(topo, legend=False),
+            "partitions": [],
+        },
         "software": {"deskpod": "0.1.0", "torch": "2.5.0", "cuda": "12.4", "driver": "550.54"},
-    }  # fmt: skip
+    }
     s = from_status("box-a", "http://a", status, NOW, False)
     assert s.free_now == [2, 3, 4, 5, 6, 7] and s.queued == 1 and s.free == ((0.0, 6), (30.0, 8))
     assert s.topology is not None and s.topology.device_count == 8
