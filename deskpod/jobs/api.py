@@ -219,7 +219,7 @@ def create_app(
         tags=["jobs"],
         responses={
             201: {"description": "the job, queued", "links": links("job_id", "id", JOB_OPERATIONS)},
-            **errors(400, 403, 409, 413, s409=SUBMIT_CONFLICT),
+            **errors(400, 403, 409, 413, 422, s409=SUBMIT_CONFLICT),
         },
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": spec_schema}}}},
     )

@@ -143,7 +143,7 @@ class Pod:
         if user.fleet is not None and self.store.user(user.name) is None:
             raise AccessError(f"fleet {user.fleet} acting as itself submits no jobs; it forwards those of its users")
         if lease_s is not None and user.fleet is None:
-            raise ConfigError(
+            raise AccessError(
                 "lease: only a fleet's forwarded jobs are held by a lease (this request has no assertion)"
             )
         spec = parse_spec(data, device_count=self.executor.device_count)
