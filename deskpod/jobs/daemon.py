@@ -273,7 +273,7 @@ def serve(
         if closed:
             print(f"deskpod: note: other accounts cannot reach {unix_path} ({closed[0]} is closed to them); "
                   "for the box's users start with --socket /run/deskpod/pod.sock", flush=True)  # fmt: skip
-    if extensions:
+    if any(getattr(e, "__name__", "") == "dashboard" for e in extensions):  # beside it, others add routes (a fleet's)
         print(f"deskpod: dashboard on {url}/ui/ (sign in with a user's token)", flush=True)
     try:
         server.run(sockets=[sock, unix])
