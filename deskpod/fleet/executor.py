@@ -169,10 +169,10 @@ class FleetExecutor:
     def tick(self, pod: PodSide, *, woken: bool) -> None:
         now = time.time()
         sent = False
-        queued = [j for j in pod.store.jobs(states=[S.QUEUED], limit=MANY) if not j.external]
-        if queued and (woken or now - self._last_route >= self.poll_s):
+        if woken or now - self._last_route >= self.poll_s:  # the queue is read at most once a poll, or when it changed
             self._last_route = now
-            sent = self._route(pod, queued)
+            queued = [j for j in pod.store.jobs(states=[S.QUEUED], limit=MANY) if not j.external]
+            sent = bool(queued) and self._route(pod, queued)
         if sent or woken or now - self._last_follow >= self.poll_s:
             self._last_follow = now
             self._follow(pod)
