@@ -8,6 +8,7 @@ exits 2; an unreachable service exits 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -21,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this box only)")
     p.add_argument("--port", type=int, default=8420, help="TCP port (default 8420; 0 picks a free one)")
     p.add_argument("--home", type=Path, help="state folder (default $DESKPOD_HOME or ~/.deskpod)")
+    p.add_argument("--name", help="this pod's name, as fleets know it (default: the host name)")
+    p.add_argument("--trust-fleet", type=Path, action="append", default=[], metavar="PUBKEY.pem",
+                   help="accept the requests this fleet forwards (its fleet.pub.pem; kept in HOME; repeatable)")  # fmt: skip
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--no-preemption", action="store_true", help="never stop lower-priority jobs for higher ones")
     p.add_argument("--machine", help="schedule as if this box were a catalog machine (see `deskpod topo --list`)")
@@ -65,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=down)
 
     p = sub.add_parser("submit", help="queue a job: a spec file (TOML/JSON) or -- a command")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--devices", help="a count or 'all' (default 1)")
     p.add_argument("--name", help="job name (letters, digits, . _ -)")
     p.add_argument("--priority", type=int, help="higher runs first (default 0)")
@@ -87,6 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=submit)
 
     p = sub.add_parser("jobs", help="list your jobs (every job for an admin)")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("--state", help="only jobs in this state")
     p.add_argument("--user", help="only this user's jobs (admins)")
@@ -96,27 +102,32 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=jobs)
 
     p = sub.add_parser("show", help="one job: its spec, state, devices and history")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=show)
 
     p = sub.add_parser("logs", help="a job's output")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.set_defaults(func=logs)
 
     p = sub.add_parser("cancel", help="cancel a queued job or stop a running one")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.set_defaults(func=cancel)
 
     p = sub.add_parser("requeue", help="run a cancelled, failed or lost job again (a running one is stopped first)")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("id")
     p.set_defaults(func=requeue)
 
     p = sub.add_parser("status", help="each device: free, or which job and user holds it")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=status)
 
@@ -143,14 +154,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _client(args: argparse.Namespace | None = None) -> Any:
-    """The pod service's client, or with ``--cluster slurm`` one that asks Slurm (the same answers)."""
+    """The pod service's client, or with ``--cluster slurm`` one that asks Slurm (the same answers), or a fleet's
+    (``--fleet URL``, and ``deskpod fleet`` commands)."""
     if args is not None and getattr(args, "cluster", None) == "slurm":
         from deskpod.cluster.client import SlurmClient
 
         return SlurmClient()
+    if args is not None and (getattr(args, "fleet", None) or hasattr(args, "fleet_command")):
+        return fleet_client(args)
     from deskpod.jobs.client import PodClient
 
     return PodClient.from_environment()
+
+
+def fleet_client(args: argparse.Namespace) -> Any:
+    """The fleet's client: ``--fleet URL`` (token: DESKPOD_TOKEN_FILE), else DESKPOD_URL, else the local fleet."""
+    from deskpod.environment import Environment
+    from deskpod.jobs.client import PodClient, find_url, read_token, token_path
+
+    env = Environment.read()
+    if args.fleet:
+        return PodClient(args.fleet, read_token(token_path(env)))
+    if env.pod_url:
+        return PodClient.from_environment(env)
+    home = env.home / "fleet"
+    return PodClient(find_url(dataclasses.replace(env, home=home)), read_token(env.token_file or home / "token"))
 
 
 def up(args: argparse.Namespace) -> int:
@@ -160,8 +188,10 @@ def up(args: argparse.Namespace) -> int:
 
     env = Environment.read()
     home = (args.home or env.home).expanduser().resolve()
+    named = {"name": args.name} if args.name else {}
     config = PodConfig(
         home=home,
+        **named,
         host=args.host,
         port=args.port,
         preemption=not args.no_preemption,
@@ -181,6 +211,10 @@ def up(args: argparse.Namespace) -> int:
         ),
         job_disk=_disk(args.job_disk),
     )
+    for pem in args.trust_fleet:
+        from deskpod.jobs.trust import add_trusted
+
+        print(f"deskpod: pod {config.name!r} trusts {add_trusted(home, pem.expanduser())} from now on", flush=True)
     if args.detach:
         return _detach(args, home)
     from deskpod.jobs.daemon import serve
@@ -321,10 +355,14 @@ def submit(args: argparse.Namespace) -> int:
         return 0
     with _client(args) as c:
         job = c.submit(spec)
-    if args.json:
-        print(json.dumps(job, indent=2))
-    else:
-        print(job["id"])
+        if args.json:
+            print(json.dumps(job, indent=2))
+        else:
+            print(job["id"], flush=True)
+        if args.fleet:  # where the fleet sends it, and why
+            said = wait_route(c, str(job["id"]))
+            if said:
+                print(f"deskpod: {said}", file=sys.stderr)
     return 0
 
 
@@ -392,7 +430,7 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def requeue(args: argparse.Namespace) -> int:
-    with _client() as c:
+    with _client(args) as c:
         job = c.requeue(args.id)
     extra = f" ({job['reason']})" if job["reason"] else ""
     print(f"job {job['id']}: {job['state']}{extra}")
@@ -400,7 +438,7 @@ def requeue(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    with _client() as c:
+    with _client(args) as c:
         st = c.status()
     if args.json:
         print(json.dumps(st, indent=2))
@@ -464,3 +502,17 @@ def user_whoami(args: argparse.Namespace) -> int:
         me = c.whoami()
     print(f"{me['name']}{'  (admin)' if me['admin'] else ''}")
     return 0
+
+
+def wait_route(client: Any, job_id: str, timeout: float = 10.0) -> str | None:
+    """The fleet's routing note of a job just submitted (``routed to box-b ...: reasons``), once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.job(job_id)
+        for e in job["events"]:
+            if e["note"].startswith("routed to "):
+                return str(e["note"])
+        if job["state"] != "queued" or job["reason"].startswith("no member"):
+            return str(job["reason"]) or None
+        time.sleep(0.1)
+    return None

@@ -12,6 +12,7 @@ Files under the home (``DESKPOD_HOME``, default ``~/.deskpod``)::
                       train jobs train.toml and runs/, for jobs with an [environment] env-build.log and environment/
     envs/             the environments jobs asked for (`deskpod env list`), shared by all jobs
     plan/             the box's calibration (`deskpod.plan.local`), the pod's alone (0700)
+    trusted-fleets/   the public keys of the fleets whose assertions the pod accepts (`deskpod.jobs.trust`; 0700)
 
 The home is mode 0711 on a root pod (users reach their job folders and the socket, nothing else).
 
@@ -229,8 +230,13 @@ def serve(
     if executor is None:  # this box runs the jobs
         executor = LocalExecutor(config, device_count=n, device_kind=kind, place=placer, isolation=isolation,
                                  confinement=confinement)  # fmt: skip
+    from deskpod.jobs.trust import Trust
+
+    trust = Trust.load(home, config.name)
+    if trust is not None:
+        print(f"deskpod: pod {config.name!r} trusts fleet(s) {', '.join(sorted(trust.keys))}", flush=True)
     pod = Pod(config, store, executor, device_count=n, device_kind=kind, place=placer, topology=topo,
-              isolation=isolation, confinement=confinement)  # fmt: skip
+              isolation=isolation, confinement=confinement, trust=trust)  # fmt: skip
     pod.start()
 
     stop_jobs = [False]
@@ -267,7 +273,7 @@ def serve(
         if closed:
             print(f"deskpod: note: other accounts cannot reach {unix_path} ({closed[0]} is closed to them); "
                   "for the box's users start with --socket /run/deskpod/pod.sock", flush=True)  # fmt: skip
-    if extensions:
+    if any(getattr(e, "__name__", "") == "dashboard" for e in extensions):  # beside it, others add routes (a fleet's)
         print(f"deskpod: dashboard on {url}/ui/ (sign in with a user's token)", flush=True)
     try:
         server.run(sockets=[sock, unix])

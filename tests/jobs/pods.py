@@ -42,6 +42,8 @@ class Pod:
     env: dict[str, str]
     args: tuple[str, ...]
     proc: subprocess.Popen[bytes] | None = None
+    command: tuple[str, ...] = ("up",)
+    """What starts it: ``deskpod up``, or ``deskpod fleet up``."""
     token: str = ""
     clients: list[PodClient] = field(default_factory=list)
 
@@ -52,7 +54,17 @@ class Pod:
     def start(self) -> Pod:
         out = open(self.home / "daemon.out", "ab")  # noqa: SIM115 - the daemon writes it for its life
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deskpod", "up", "--port", str(self.port), "--home", str(self.home), *self.args],
+            [
+                sys.executable,
+                "-m",
+                "deskpod",
+                *self.command,
+                "--port",
+                str(self.port),
+                "--home",
+                str(self.home),
+                *self.args,
+            ],
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -141,17 +153,21 @@ class Pods:
         self.root = root
         self.made: list[Pod] = []
 
-    def __call__(self, *args: str, home: Path | None = None, port: int | None = None, sandbox: bool = False) -> Pod:
-        """A pod started with ``deskpod up ARGS``. Its jobs run without walls unless ``sandbox``: most tests
-        watch what a job does from outside (files under the test's /tmp, which a sandbox makes private);
-        tests/jobs/test_isolation.py is where the walls are tested."""
-        if not sandbox:
+    def __call__(
+        self, *args: str, home: Path | None = None, port: int | None = None, sandbox: bool = False, fleet: bool = False
+    ) -> Pod:
+        """A pod started with ``deskpod up ARGS`` (with ``fleet``: ``deskpod fleet up ARGS``, which runs no job
+        itself). Its jobs run without walls unless ``sandbox``: most tests watch what a job does from outside (files
+        under the test's /tmp, which a sandbox makes private); tests/jobs/test_isolation.py is where the walls are
+        tested."""
+        if not sandbox and not fleet:
             args = ("--no-sandbox", *args)
         h = home or self.root / f"home{len(self.made)}"
         h.mkdir(exist_ok=True)
         env = dict(os.environ, DESKPOD_TOKEN_FILE=str(h / "token"))
         env.pop("DESKPOD_URL", None)
-        pod = Pod(h, port or free_port(), env, ("--grace", "2", *args))
+        pod = Pod(h, port or free_port(), env, args if fleet else ("--grace", "2", *args),
+                  command=("fleet", "up") if fleet else ("up",))  # fmt: skip
         self.made.append(pod)
         return pod.start()
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from deskpod.errors import AuthError, ConflictError, NotFoundError, UsageError
+from deskpod.fleet.keys import FleetKey
 from deskpod.jobs.client import PodClient, read_token
 from tests.jobs.pods import SLEEPER, Pod, Pods, python_job, wait_for, wait_state
 
@@ -136,7 +137,12 @@ def test_users_see_and_act_on_their_own_jobs_only(shared_pod: Pod, tmp_path: Pat
     bob = shared_pod.client(admin.add_user("bob")["token"])
     with pytest.raises(ConflictError, match="exists already"):
         admin.add_user("alice")
-    assert alice.whoami() == {"name": "alice", "admin": False, "runs_as": "nobody"}  # no OS account alice here
+    assert alice.whoami() == {
+        "name": "alice",
+        "admin": False,
+        "runs_as": "nobody",
+        "fleet": None,
+    }  # no OS account alice here
     job = alice.submit({"command": ["sleep", "30"], "name": "alices"})
     with pytest.raises(NotFoundError):
         bob.job(job["id"])
@@ -322,7 +328,9 @@ def test_detach_starts_the_daemon_with_every_flag_given(tmp_path: Path) -> None:
     each flag's effect shows in `/v1/status` (a new flag once was dropped in detached mode)."""
     home = tmp_path / "home"
     sock, cache = tmp_path / "pod.sock", tmp_path / "envs"
+    fleet = FleetKey.in_home(tmp_path / "fleet")
     args = ["up", "--detach", "--host", "127.0.0.2", "--port", "0", "--home", str(home), "--grace", "3",
+            "--name", "box-x", "--trust-fleet", str(tmp_path / "fleet" / "fleet.pub.pem"),
             "--no-preemption", "--machine", "dgx1-v100", "--no-dashboard", "--backend", "local", "--socket", str(sock),
             "--priority-limit", "5", "--unmapped-user", "daemon", "--no-sandbox", "--allow-unsandboxed",
             "--env-cache", str(cache), "--env-cache-limit", "5G", "--job-memory", "2G", "--job-tasks", "77",
@@ -347,13 +355,14 @@ def test_detach_starts_the_daemon_with_every_flag_given(tmp_path: Path) -> None:
         assert status["preemption"] is False and status["grace_s"] == 3.0 and "backend" not in status
         assert len(status["devices"]) == 8  # --machine dgx1-v100: its eight GPUs (this box has fewer CPU slots)
         assert status["settings"] == {
-            "home": str(home.resolve()), "host": "127.0.0.2", "port": 0, "preemption": False, "grace_s": 3.0,
+            "home": str(home.resolve()), "name": "box-x", "host": "127.0.0.2", "port": 0, "preemption": False, "grace_s": 3.0,
             "tick_s": 0.1, "machine": "dgx1-v100", "priority_limit": 5, "socket": str(sock.resolve()),
             "sandbox": False, "allow_unsandboxed": True, "unmapped_user": "daemon", "env_cache": str(cache.resolve()),
             "env_cache_limit": 5 << 30, "limits": {"job_memory": 2 << 30, "job_tasks": 77, "pin_cpus": False},
             "job_disk": 1 << 30,
         }  # fmt: skip
         assert stat.S_ISSOCK(sock.stat().st_mode)
+        assert status["name"] == "box-x" and (home / "trusted-fleets" / f"{fleet.id}.pem").exists()
     finally:
         os.kill(info["pid"], signal.SIGTERM)
         for _ in range(400):
