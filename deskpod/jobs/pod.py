@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from deskpod.envs.limits import LimitSettings
 from deskpod.envs.userfiles import read_path, stat_path
@@ -90,6 +90,20 @@ class PodConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
+STACKS_ARE_A_FLEETS = (
+    "stacks are a fleet's: submit to the fleet (deskpod submit --fleet), or give the job its own [environment]"
+)
+
+
+class StackResolver(Protocol):
+    """What a pod that takes ``stack = NAME`` is handed (a fleet's stacks, `deskpod.fleet.stacks`)."""
+
+    def resolve(self, spec: JobSpec) -> JobSpec:
+        """The spec with its stack pinned to a version (``NAME@vN``) and that version's environment, as it is stored:
+        a queued or running job keeps the version it was given. Raises `ConfigError` for an unknown stack."""
+        ...
+
+
 class Pod:
     """Queue, store, users and API of one pod; its executor runs the jobs (`deskpod.jobs.executor`)."""
 
@@ -106,8 +120,11 @@ class Pod:
         topology: Topology | None = None,
         isolation: Isolation | None = None,
         confinement: Confinement | None = None,
+        stacks: StackResolver | None = None,
     ) -> None:
         self.config, self.store, self.executor, self.clock = config, store, executor, clock
+        self.stacks = stacks
+        """Resolves a spec's ``stack`` (a fleet); None: a spec naming a stack is refused."""
         # This box as the API and the dashboard show it (its devices, placement, the walls of its jobs' processes);
         # the executor decides where jobs run.
         self.device_count, self.device_kind, self.place = device_count, device_kind, place
@@ -126,6 +143,10 @@ class Pod:
     def submit(self, user: User, data: object) -> JobRecord:
         """Validate, refuse what the executor can never run, record as queued, wake the loop."""
         spec = parse_spec(data, device_count=self.executor.device_count)
+        if spec.stack is not None:
+            if self.stacks is None:
+                raise ConfigError(f"job spec: stack = {spec.stack!r}: {STACKS_ARE_A_FLEETS}")
+            spec = self.stacks.resolve(spec)
         self._check_priority(user, spec)
         job = self.store.submit(user.name, spec, self.executor.check(spec, user), self.clock())
         self.wake()
