@@ -319,12 +319,16 @@ def _stack(name: object, deskpod_job: bool, with_environment: bool) -> str | Non
     if name is None:
         return None
     if not isinstance(name, str) or not STACK_RE.match(name):
-        raise bad("stack", name, 'expected the name of a fleet\'s stack, e.g. stack = "pytorch-2.14" (or "pytorch-2.14@v3")')
+        raise bad(
+            "stack", name, 'expected the name of a fleet\'s stack, e.g. stack = "pytorch-2.14" (or "pytorch-2.14@v3")'
+        )
     if deskpod_job:
         raise ConfigError("job spec: stack applies to command jobs; a train, serve or video job runs deskpod itself, in"
                           " the daemon's Python")  # fmt: skip
     if with_environment and "@" not in name:
-        raise ConfigError(f"job spec: give stack = {name!r} or an [environment], not both: the stack is the environment")
+        raise ConfigError(
+            f"job spec: give stack = {name!r} or an [environment], not both: the stack is the environment"
+        )
     return name
 
 
@@ -432,8 +436,12 @@ SPEC_SCHEMA: dict[str, Any] = {
         "workdir": ABS_PATH,
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
         "environment": _env_schema(),
-        "stack": {"type": "string", "pattern": STACK_RE.pattern, "example": "pytorch-2.14",
-                  "description": "a fleet's stack: the fleet runs the job in its current version's environment"},
+        "stack": {
+            "type": "string",
+            "pattern": STACK_RE.pattern,
+            "example": "pytorch-2.14",
+            "description": "a fleet's stack: the fleet runs the job in its current version's environment",
+        },
         "slurm": {
             "type": "object",
             "additionalProperties": False,
