@@ -306,3 +306,13 @@ class StackStore:
                 })  # fmt: skip
             out.append({"name": name, "current": current.to_json(), "versions": len(versions), "members": rows})
         return out
+
+
+def member_spec(spec: JobSpec) -> dict[str, Any]:
+    """A job spec the fleet pinned (`StackStore.resolve`), as a member takes it: the version's ``[environment]``,
+    without ``stack`` (a member is a plain pod, which refuses it), the version named in ``DESKPOD_STACK``."""
+    out = spec.to_json()
+    ref = out.pop("stack", None)
+    if ref is not None:
+        out["env"] = {**out["env"], "DESKPOD_STACK": ref}
+    return out
