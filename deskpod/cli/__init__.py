@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "deskpod.cli.env",
     "deskpod.cli.lung",
     "deskpod.cli.video",
+    "deskpod.cli.fleet",
 )
 
 
