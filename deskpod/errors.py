@@ -124,6 +124,7 @@ EXTRAS = {
     "serve": ("onnxruntime", "onnx", "tritonclient.grpc"),
     "lung": ("SimpleITK", "pydicom", "monai", "radiomics", "scipy"),
     "video": ("av", "cv2", "dlib", "_dlib_pybind11", "face_recognition_models", "faiss", "trackers", "supervision"),
+    "fleet": ("jwt", "cryptography"),
 }
 """Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install (dlib-bin's wheel
 declares only its compiled ``_dlib_pybind11`` as its top level, so that names it; ``dlib`` is what the code imports)."""

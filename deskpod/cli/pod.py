@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this box only)")
     p.add_argument("--port", type=int, default=8420, help="TCP port (default 8420; 0 picks a free one)")
     p.add_argument("--home", type=Path, help="state folder (default $DESKPOD_HOME or ~/.deskpod)")
+    p.add_argument("--name", help="this pod's name, as fleets know it (default: the host name)")
+    p.add_argument("--trust-fleet", type=Path, action="append", default=[], metavar="PUBKEY.pem",
+                   help="accept the requests this fleet forwards (its fleet.pub.pem; kept in HOME; repeatable)")  # fmt: skip
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL (default 10)")
     p.add_argument("--no-preemption", action="store_true", help="never stop lower-priority jobs for higher ones")
     p.add_argument("--machine", help="schedule as if this box were a catalog machine (see `deskpod topo --list`)")
@@ -65,6 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=down)
 
     p = sub.add_parser("submit", help="queue a job: a spec file (TOML/JSON) or -- a command")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--devices", help="a count or 'all' (default 1)")
     p.add_argument("--name", help="job name (letters, digits, . _ -)")
     p.add_argument("--priority", type=int, help="higher runs first (default 0)")
@@ -87,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=submit)
 
     p = sub.add_parser("jobs", help="list your jobs (every job for an admin)")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("--state", help="only jobs in this state")
     p.add_argument("--user", help="only this user's jobs (admins)")
@@ -96,27 +101,32 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=jobs)
 
     p = sub.add_parser("show", help="one job: its spec, state, devices and history")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=show)
 
     p = sub.add_parser("logs", help="a job's output")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
     p.set_defaults(func=logs)
 
     p = sub.add_parser("cancel", help="cancel a queued job or stop a running one")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
     p.add_argument("id")
     p.set_defaults(func=cancel)
 
     p = sub.add_parser("requeue", help="run a cancelled, failed or lost job again (a running one is stopped first)")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("id")
     p.set_defaults(func=requeue)
 
     p = sub.add_parser("status", help="each device: free, or which job and user holds it")
+    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=status)
 
@@ -148,6 +158,10 @@ def _client(args: argparse.Namespace | None = None) -> Any:
         from deskpod.cluster.client import SlurmClient
 
         return SlurmClient()
+    if args is not None and getattr(args, "fleet", None):
+        from deskpod.cli.fleet import fleet_client
+
+        return fleet_client(args)
     from deskpod.jobs.client import PodClient
 
     return PodClient.from_environment()
@@ -160,8 +174,10 @@ def up(args: argparse.Namespace) -> int:
 
     env = Environment.read()
     home = (args.home or env.home).expanduser().resolve()
+    named = {"name": args.name} if args.name else {}
     config = PodConfig(
         home=home,
+        **named,
         host=args.host,
         port=args.port,
         preemption=not args.no_preemption,
@@ -181,6 +197,10 @@ def up(args: argparse.Namespace) -> int:
         ),
         job_disk=_disk(args.job_disk),
     )
+    for pem in args.trust_fleet:
+        from deskpod.jobs.trust import add_trusted
+
+        print(f"deskpod: pod {config.name!r} trusts {add_trusted(home, pem.expanduser())} from now on", flush=True)
     if args.detach:
         return _detach(args, home)
     from deskpod.jobs.daemon import serve
@@ -321,10 +341,16 @@ def submit(args: argparse.Namespace) -> int:
         return 0
     with _client(args) as c:
         job = c.submit(spec)
-    if args.json:
-        print(json.dumps(job, indent=2))
-    else:
-        print(job["id"])
+        if args.json:
+            print(json.dumps(job, indent=2))
+        else:
+            print(job["id"], flush=True)
+        if args.fleet:  # where the fleet sends it, and why
+            from deskpod.cli.fleet import wait_route
+
+            said = wait_route(c, str(job["id"]))
+            if said:
+                print(f"deskpod: {said}", file=sys.stderr)
     return 0
 
 
@@ -392,7 +418,7 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def requeue(args: argparse.Namespace) -> int:
-    with _client() as c:
+    with _client(args) as c:
         job = c.requeue(args.id)
     extra = f" ({job['reason']})" if job["reason"] else ""
     print(f"job {job['id']}: {job['state']}{extra}")
@@ -400,7 +426,7 @@ def requeue(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    with _client() as c:
+    with _client(args) as c:
         st = c.status()
     if args.json:
         print(json.dumps(st, indent=2))

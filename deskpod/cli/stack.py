@@ -7,7 +7,8 @@ deskpod fleet stack rollout NAME [--no-wait]           build and smoke-test the 
 deskpod fleet stack status [NAME] [--json]             per member: the version it has, the versions it passed and
                                                        failed; the current version
 
-The fleet is reached as any pod service is (``DESKPOD_URL`` and ``DESKPOD_TOKEN_FILE``; `deskpod.jobs.client`).
+The fleet is reached as ``deskpod fleet members`` reaches it: ``--fleet URL``, else ``DESKPOD_URL``, else the local
+fleet (its token: ``DESKPOD_TOKEN_FILE``, or the fleet's home's).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def register_stack(fleet: argparse._SubParsersAction) -> None:  # type: ignore[t
     s.add_argument("name", nargs="?", metavar="NAME", help="one stack (default: all)")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(func=run_status)
+    for command in (q, r, s):
+        command.add_argument(
+            "--fleet", metavar="URL", help="the fleet's URL (default: DESKPOD_URL, or the local fleet)"
+        )
 
 
 def environment_table(file: Path) -> dict[str, Any]:
@@ -51,16 +56,18 @@ def environment_table(file: Path) -> dict[str, Any]:
     return parse_environment({key: file.name}, base_dir=file.parent).to_json()
 
 
-def _client() -> Any:
+def _client(args: argparse.Namespace) -> Any:
+    from deskpod.cli.fleet import fleet_client
     from deskpod.fleet.stack_api import StackClient
-    from deskpod.jobs.client import PodClient
 
-    return StackClient(PodClient.from_environment())
+    return StackClient(fleet_client(args))
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    got = _client().publish(args.name, environment_table(args.file.expanduser()), args.python)
-    what = f"{got['name']} v{got['version']} ({got['summary']}, Python {got['python']}, {len(got['resolved'])} packages)"
+    got = _client(args).publish(args.name, environment_table(args.file.expanduser()), args.python)
+    what = (
+        f"{got['name']} v{got['version']} ({got['summary']}, Python {got['python']}, {len(got['resolved'])} packages)"
+    )
     if got["published"]:
         print(f"published {what}; roll it out: deskpod fleet stack rollout {got['name']}")
     else:
@@ -71,7 +78,7 @@ def run_publish(args: argparse.Namespace) -> int:
 def run_rollout(args: argparse.Namespace) -> int:
     from deskpod.errors import RunError
 
-    client = _client()
+    client = _client(args)
     state = client.rollout(args.name)
     print(f"rolling {state['name']} v{state['version']} out to {', '.join(state['members'])}", flush=True)
     if args.no_wait:
@@ -104,7 +111,7 @@ def _result_line(r: dict[str, Any]) -> str:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    client = _client()
+    client = _client(args)
     stacks = [client.stack(args.name)] if args.name else client.stacks()
     if args.json:
         json.dump(stacks, sys.stdout, indent=2)

@@ -28,6 +28,7 @@ from deskpod.cluster.batch import check_fits, submit_in
 from deskpod.errors import DeskpodError, UsageError
 from deskpod.jobs.executor import ExecutorStatus, PartitionStatus, PodSide
 from deskpod.jobs.forecast import Forecast
+from deskpod.jobs.joblog import read_log
 from deskpod.jobs.scheduler import Waiting
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
@@ -62,6 +63,9 @@ class SlurmExecutor:
         check_fits(spec, self.partitions())
         return int(spec.devices) if str(spec.devices).isdigit() else 0
 
+    def log(self, pod: PodSide, job: JobRecord, offset: int, limit: int) -> bytes:
+        return read_log(pod.job_folder(job), offset, limit)
+
     def status(self, pod: PodSide) -> ExecutorStatus:
         parts: list[PartitionStatus] = [
             {"name": p.name, "nodes": p.nodes, "gpus_per_node": p.gpus_per_node, "default": p.default}
@@ -90,7 +94,7 @@ class SlurmExecutor:
         now = time.time()
         store = pod.store
         for job in store.jobs(states=[S.QUEUED]):
-            if job.external is None:
+            if job.external is None and (job.lease_holder is None or job.lease_confirmed):  # a fleet's: once confirmed
                 self._hand_over(pod, job)
         if now - self._last_poll < self.poll_s:
             return

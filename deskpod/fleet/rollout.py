@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from deskpod.errors import ConflictError, DeskpodError
+from deskpod.fleet.client import MemberClient
 from deskpod.fleet.stacks import MemberBuild, StackStore, StackVersion
 from deskpod.jobs.client import PodClient
 
@@ -139,31 +140,46 @@ class MemberLink(Protocol):
         ...
 
 
-class PodLink:
-    """`MemberLink` over a pod's client (`deskpod.jobs.client.PodClient`) holding an admin's token."""
+class JobLink:
+    """A `MemberLink` made of five requests to the member (`PodLink`, `FleetLink`): status, submit, job, cancel, log."""
 
-    def __init__(self, name: str, client: PodClient, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._name, self.client, self.clock = name, client, clock
+    def __init__(self, name: str, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._name, self.clock = name, clock
 
     @property
     def name(self) -> str:
         return self._name
 
+    def _status(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _cancel(self, job_id: str) -> None:
+        raise NotImplementedError
+
+    def _log(self, job_id: str, offset: int) -> bytes:
+        raise NotImplementedError
+
     def device_count(self) -> int:
-        return len(self.client.status()["devices"])
+        return len(self._status()["devices"])
 
     def run(self, spec: Mapping[str, Any], *, timeout_s: float) -> JobEnd:
-        job_id = str(self.client.submit(dict(spec))["id"])
+        job_id = str(self._submit(dict(spec))["id"])
         deadline = self.clock() + timeout_s
         while True:
-            job = self.client.job(job_id)
+            job = self._job(job_id)
             final = job["state"] in ("succeeded", "failed", "cancelled", "lost")
             if final or self.clock() > deadline:
                 break
             time.sleep(POLL_S)
         state = job["state"]
         if not final:
-            self.client.cancel(job_id)
+            self._cancel(job_id)
             state = "timeout"
         notes = tuple(str(e["note"]) for e in job.get("events", []))
         return JobEnd(job=job_id, state=state, reason=str(job.get("reason") or ""), log=self._tail(job_id),
@@ -171,12 +187,57 @@ class PodLink:
 
     def _tail(self, job_id: str) -> str:
         data, offset = b"", 0
-        while True:
-            chunk, offset, _ = self.client.log(job_id, offset)
-            if not chunk:
-                break
+        while chunk := self._log(job_id, offset):
+            offset += len(chunk)
             data = (data + chunk)[-4 * TAIL_CHARS :]
         return data.decode(errors="replace")
+
+
+class PodLink(JobLink):
+    """`MemberLink` over a pod's client (`deskpod.jobs.client.PodClient`) holding a token of the pod's own."""
+
+    def __init__(self, name: str, client: PodClient, *, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(name, clock=clock)
+        self.client = client
+
+    def _status(self) -> dict[str, Any]:
+        return self.client.status()
+
+    def _submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.client.submit(spec)
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        return self.client.job(job_id)
+
+    def _cancel(self, job_id: str) -> None:
+        self.client.cancel(job_id)
+
+    def _log(self, job_id: str, offset: int) -> bytes:
+        return self.client.log(job_id, offset)[0]
+
+
+class FleetLink(JobLink):
+    """`MemberLink` over the fleet's own link to a member (`deskpod.fleet.client.MemberClient`): each request signed
+    for ``user`` (the fleet admin who asked for the rollout, whom the member maps to its user of that name)."""
+
+    def __init__(self, member: MemberClient, user: str) -> None:
+        super().__init__(member.member.name)
+        self.member, self.user = member, user
+
+    def _status(self) -> dict[str, Any]:
+        return self.member.status()
+
+    def _submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.member.submit(self.user, spec, None)  # the fleet's own job: no lease, nothing to route
+
+    def _job(self, job_id: str) -> dict[str, Any]:
+        return self.member.job(self.user, job_id)
+
+    def _cancel(self, job_id: str) -> None:
+        self.member.cancel(self.user, job_id)
+
+    def _log(self, job_id: str, offset: int) -> bytes:
+        return self.member.log(self.user, job_id, offset, 1 << 20)
 
 
 def smoke_spec(version: StackVersion, devices: int) -> dict[str, Any]:
@@ -307,16 +368,17 @@ class Rollouts:
     """The fleet's rollouts, each on a thread of its own (a rollout takes minutes; the API answers at once):
     at most one per stack at a time."""
 
-    def __init__(self, store: StackStore, members: Callable[[], Sequence[MemberLink]]) -> None:
-        """``members``: the fleet's members, in rollout order, when a rollout starts."""
+    def __init__(self, store: StackStore, members: Callable[[str], Sequence[MemberLink]]) -> None:
+        """``members(user)``: the fleet's members, in rollout order, reached as fleet user ``user``."""
         self.store, self.members = store, members
         self._lock = threading.Lock()
         self._by_name: dict[str, Rollout] = {}
         self._threads: list[threading.Thread] = []
 
-    def start(self, name: str, *, devices: int = SMOKE_DEVICES, timeout_s: float = SMOKE_TIMEOUT_S) -> Rollout:
-        """Start rolling ``name``'s current version out; `ConflictError` while one of ``name`` runs,
-        `NotFoundError` for an unknown stack."""
+    def start(self, name: str, user: str, *, devices: int = SMOKE_DEVICES,
+              timeout_s: float = SMOKE_TIMEOUT_S) -> Rollout:  # fmt: skip
+        """Start rolling ``name``'s current version out, as fleet user ``user`` (an admin); `ConflictError` while one
+        of ``name`` runs, `NotFoundError` for an unknown stack."""
         version = self.store.current(name)
         assert version is not None
         with self._lock:
@@ -324,7 +386,7 @@ class Rollouts:
             if running is not None and running.state == "running":
                 raise ConflictError(f"a rollout of {name} v{running.version} is under way ({running.message});"
                                     " wait for it: deskpod fleet stack status")  # fmt: skip
-            links = list(self.members())
+            links = list(self.members(user))
             if not links:
                 raise ConflictError("the fleet has no members to roll out to; add one: deskpod fleet add NAME URL")
             rollout = Rollout(name, version.version, [m.name for m in links])

@@ -32,11 +32,10 @@ from deskpod.jobs.client import PodClient
 from deskpod.jobs.pod import Pod
 
 
-def stack_routes(stacks: StackStore, rollouts: Rollouts, cache_dir: Path) -> Callable[[FastAPI, Pod], None]:
-    """The extension adding the stack routes; ``cache_dir``: uv's cache for resolving what is published."""
-
-    def members() -> list[str]:
-        return [m.name for m in rollouts.members()]
+def stack_routes(stacks: StackStore, rollouts: Rollouts, members: Callable[[], list[str]],
+                 cache_dir: Path) -> Callable[[FastAPI, Pod], None]:  # fmt: skip
+    """The extension adding the stack routes: ``members()`` names the fleet's members, ``cache_dir`` is uv's cache
+    for resolving what is published."""
 
     def extend(app: FastAPI, pod: Pod) -> None:
         @app.post("/v1/fleet/stacks", status_code=201, tags=["stacks"], responses=errors(400, 403, 413))
@@ -68,14 +67,16 @@ def stack_routes(stacks: StackStore, rollouts: Rollouts, cache_dir: Path) -> Cal
         def rollout(name: str, user: Caller) -> dict[str, Any]:
             """Roll the stack's current version out to every member, one at a time (admin); 409 while one runs."""
             auth.require_admin(user)
-            return rollouts.start(name).to_json()
+            return rollouts.start(name, user.name).to_json()
 
         @app.get("/v1/fleet/stacks/{name}/rollout", tags=["stacks"], responses=errors(403, 404))
         def progress(name: str, user: Caller) -> dict[str, Any]:
             stacks.versions(name)  # NotFoundError for an unknown stack
             got = rollouts.get(name)
             if got is None:
-                raise NotFoundError(f"no rollout of {name!r} since the fleet started: deskpod fleet stack rollout {name}")
+                raise NotFoundError(
+                    f"no rollout of {name!r} since the fleet started: deskpod fleet stack rollout {name}"
+                )
             return got.to_json()
 
     return extend
@@ -97,10 +98,10 @@ class StackClient:
         return list(self.client.request("GET", "/v1/fleet/stacks").json()["stacks"])
 
     def stack(self, name: str) -> dict[str, Any]:
-        return dict(self.client.request("GET", f"/v1/fleet/stacks/{quote(name, safe="")}").json())
+        return dict(self.client.request("GET", f"/v1/fleet/stacks/{quote(name, safe='')}").json())
 
     def rollout(self, name: str) -> dict[str, Any]:
-        return dict(self.client.request("POST", f"/v1/fleet/stacks/{quote(name, safe="")}/rollout").json())
+        return dict(self.client.request("POST", f"/v1/fleet/stacks/{quote(name, safe='')}/rollout").json())
 
     def progress(self, name: str) -> dict[str, Any]:
-        return dict(self.client.request("GET", f"/v1/fleet/stacks/{quote(name, safe="")}/rollout").json())
+        return dict(self.client.request("GET", f"/v1/fleet/stacks/{quote(name, safe='')}/rollout").json())

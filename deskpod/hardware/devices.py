@@ -285,3 +285,14 @@ def iter_describe(devices: Sequence[Device]) -> Iterator[str]:
         mem = f"{d.memory_bytes / 2**30:.1f} GiB"
         extra = f"  {d.threads} thread{'s' if d.threads != 1 else ''}" if d.kind == "cpu" else ""
         yield f"{d.label:<7} {d.name}  {mem}{extra}"
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version (NVML), or None on a box without one."""
+    query = _open_nvml()
+    if not isinstance(query, NvmlQuery):
+        return None
+    try:
+        return nvml_text(query._nvml.nvmlSystemGetDriverVersion())
+    except Exception:  # an NVML too old to say: unknown, like no driver
+        return None

@@ -36,7 +36,6 @@ from deskpod.errors import (
     UsageError,
 )
 from deskpod.jobs import auth, metrics
-from deskpod.jobs.joblog import read_log
 from deskpod.jobs.pod import Pod
 from deskpod.jobs.spec import SPEC_SCHEMA
 from deskpod.jobs.states import JobState
@@ -162,7 +161,7 @@ def current_user(request: Request, _: Annotated[HTTPAuthorizationCredentials | N
     peer = request.scope.get(PEER)
     if peer is not None and not authorization and pod.accounts is not None:
         return pod.accounts.user_of(peer)
-    return auth.authenticate(pod.store, authorization)
+    return auth.authenticate(pod.store, authorization, pod.trust)
 
 
 Caller = Annotated[User, Depends(current_user)]
@@ -202,41 +201,17 @@ def create_app(
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
 
-    async def json_body(request: Request, empty: Any = None) -> Any:
-        """The body as JSON (`parse_json`), or ``empty`` when there is none."""
-        declared = request.headers.get("content-length", "")
-        if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > MAX_BODY):
-            raise TooLargeError(f"request body of {declared:.20} bytes is over the limit of {MAX_BODY}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise TooLargeError(f"request body is over the limit of {MAX_BODY} bytes")
-            chunks.append(chunk)
-        body = b"".join(chunks)
-        return parse_json(body) if body else empty
-
-    def body_object(data: Any, fields: tuple[str, ...]) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise ConfigError(f"request body: expected a JSON object with {', '.join(fields)}")
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise ConfigError(f"request body: unknown field {unknown[0]!r}; valid: {', '.join(fields)}")
-        null = next((k for k, v in data.items() if v is None), None)
-        if null is not None:  # no field takes null (the document says so): leave it out for its default
-            raise ConfigError(f"request body: {null} = null is not valid; leave {null} out for its default")
-        return data
-
     spec_schema = spec_document(environment=pod.isolation is not None, stack=pod.stacks is not None)
 
     @app.get("/health", tags=["service"])
     def health() -> dict[str, str]:
-        """Liveness; the only endpoint without a token."""
-        return {"status": "ok", "version": __version__}
+        """Liveness, and the pod's name (what a fleet's assertions for it name); the only endpoint without a token."""
+        return {"status": "ok", "version": __version__, "name": pod.config.name}
 
     @app.get("/v1/whoami", tags=["users"], responses=errors(403))
     def whoami(user: Caller) -> dict[str, Any]:
-        return {"name": user.name, "admin": user.admin, "runs_as": runs_as(pod, user)}
+        """Who the caller is here: ``fleet`` is the trusted fleet whose assertion it came with (else null)."""
+        return {"name": user.name, "admin": user.admin, "runs_as": runs_as(pod, user), "fleet": user.fleet}
 
     @app.post(
         "/v1/jobs",
@@ -248,12 +223,38 @@ def create_app(
         },
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": spec_schema}}}},
     )
-    async def submit(request: Request, user: Caller) -> dict[str, Any]:
+    async def submit(
+        request: Request,
+        user: Caller,
+        lease: Annotated[float | None, Query(ge=1, le=3600, description="a fleet's forwarded job: seconds it may "
+                                             "start in unless the fleet renews it (POST /v1/leases)")] = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Queue a job; refused with 400 when the spec is bad, 409 when this box cannot take a valid one (it can
         never fit, its workdir or serve run is not here, it needs a cluster or environments this pod lacks)."""
         data = await json_body(request)
-        job = await run_in_threadpool(pod.submit, user, data)
+        job = await run_in_threadpool(lambda: pod.submit(user, data, lease_s=lease))
         return job.to_json()
+
+    @app.post(
+        "/v1/leases",
+        tags=["jobs"],
+        responses=errors(400, 403, 413),
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "required": ["jobs", "seconds"], "properties": {
+                "jobs": {"type": "array", "maxItems": 100000, "items": {"type": "string", "maxLength": 20}},
+                "seconds": {"type": "number", "minimum": 1, "maximum": 3600}}}}}}},
+    )  # fmt: skip
+    async def renew(request: Request, user: Caller) -> dict[str, Any]:
+        """A fleet (acting as itself) renews the leases of the queued jobs it forwarded here for ``seconds``, and
+        reads the state of every listed job it holds, in one request (`deskpod.jobs.trust`)."""
+        data = body_object(await json_body(request), ("jobs", "seconds"))
+        ids, seconds = data.get("jobs"), data.get("seconds")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or len(ids) > 100000:
+            raise ConfigError(f'jobs = {str(ids)[:60]}: expected a list of job ids, e.g. ["12", "13"]')
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= 3600:
+            raise ConfigError(f"seconds = {seconds!r}: expected seconds from 1 to 3600")
+        held = await run_in_threadpool(pod.renew, user, ids, float(seconds))
+        return {"jobs": [{k: v for k, v in j.to_json().items() if k != "spec"} for j in held]}
 
     @app.get("/v1/jobs", tags=["jobs"], responses=errors(400, 403, 422))
     def list_jobs(
@@ -305,7 +306,7 @@ def create_app(
     ) -> Response:
         """Log bytes from ``offset``; ``X-Deskpod-Offset`` is where to ask next, ``X-Deskpod-State`` the job's state."""
         job = pod.visible_job(user, job_id)
-        data = read_log(pod.job_folder(job), offset, limit)
+        data = pod.executor.log(pod, job, offset, limit)
         headers = {"X-Deskpod-Offset": str(offset + len(data)), "X-Deskpod-State": job.state.value}
         return Response(content=data, media_type="text/plain; charset=utf-8", headers=headers)
 
@@ -313,7 +314,7 @@ def create_app(
     def status(user: Caller) -> dict[str, Any]:
         """Each device: free, or which job and user holds it; queue and running counts; the pod's ``settings``
         (`PodConfig`: what each ``deskpod up`` flag set)."""
-        return {**pod.status(), "settings": pod.config.to_json()}
+        return {**pod.status(), **pod.outlook(), "settings": pod.config.to_json()}
 
     @app.get("/metrics", tags=["service"], response_class=PlainTextResponse, responses=errors(403))
     def prometheus(user: Caller) -> Response:
@@ -429,6 +430,37 @@ def create_app(
 
     app.openapi = document  # type: ignore[method-assign]
     return app
+
+
+async def json_body(request: Request, empty: Any = None) -> Any:
+    """The body as JSON (`parse_json`), or ``empty`` when there is none."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and (len(declared) > 12 or int(declared) > MAX_BODY):
+        raise TooLargeError(f"request body of {declared:.20} bytes is over the limit of {MAX_BODY}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise TooLargeError(f"request body is over the limit of {MAX_BODY} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    return parse_json(body) if body else empty
+
+
+def body_object(data: Any, fields: tuple[str, ...], *, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A request body's object of ``fields`` (those ``required`` there): unknown fields and nulls are refused."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"request body: expected a JSON object with {', '.join(fields)}")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"request body: unknown field {unknown[0]!r}; valid: {', '.join(fields)}")
+    null = next((k for k, v in data.items() if v is None), None)
+    if null is not None:  # no field takes null (the document says so): leave it out for its default
+        raise ConfigError(f"request body: {null} = null is not valid; leave {null} out for its default")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ConfigError(f"request body: {missing[0]} is missing; expected {', '.join(required)}")
+    return data
 
 
 def allowed_methods(request: Request) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from deskpod.environment.files import write_text
 from deskpod.errors import AccessError, AuthError, ConfigError
 from deskpod.jobs.store import Store, User
+from deskpod.jobs.trust import FLEET_PREFIX, Trust, looks_like_assertion
 
 USER_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 ADMIN = "admin"
@@ -39,17 +40,41 @@ def new_token(store: Store, user: str) -> str:
     return token
 
 
-def authenticate(store: Store, header: str | None) -> User:
-    """The user an ``Authorization: Bearer <token>`` header names, or `AuthError`."""
+def authenticate(store: Store, header: str | None, trust: Trust | None = None) -> User:
+    """The user an ``Authorization: Bearer <token>`` header names, or `AuthError`; with ``trust``, the bearer may
+    also be a trusted fleet's assertion (`deskpod.jobs.trust`): the user of the same name, or the fleet itself."""
     if not header:
         raise AuthError("no token: send 'Authorization: Bearer <token>' (the CLI reads it from its token file)")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("malformed Authorization header; expected 'Bearer <token>'")
+    if trust is not None and looks_like_assertion(token.strip()):
+        return fleet_user(store, trust, token.strip())
     user = store.user_by_token_hash(hash_token(token.strip()))
     if user is None:
         raise AuthError("unknown token; ask an admin for one (deskpod user add NAME)")
     return user
+
+
+def fleet_user(store: Store, trust: Trust, assertion: str) -> User:
+    """Who a trusted fleet's assertion acts for here: this pod's user of the same name, or the fleet itself (a
+    user of no job); `AccessError` for a fleet user without a user on this pod. Never an admin: the fleet acts on
+    each job as its own user, and this pod's admins are its own."""
+    said = trust.verify(assertion)
+    if said.fleet_itself:
+        return User(said.subject, admin=False, fleet=said.fleet)
+    user = store.user(said.subject)
+    if user is None:
+        raise AccessError(
+            f"fleet user {said.subject!r} has no account on this pod ({trust.name}); its admin adds one: "
+            f"deskpod user add {said.subject} --os-user ACCOUNT"
+        )
+    return User(user.name, False, user.os_user, fleet=said.fleet)
+
+
+def fleet_itself(user: User) -> bool:
+    """Whether the caller is a fleet acting as itself (no user of this pod)."""
+    return user.fleet is not None and user.name == FLEET_PREFIX + user.fleet
 
 
 SESSION_HOURS = 12.0

@@ -12,6 +12,7 @@ Files under the home (``DESKPOD_HOME``, default ``~/.deskpod``)::
                       train jobs train.toml and runs/, for jobs with an [environment] env-build.log and environment/
     envs/             the environments jobs asked for (`deskpod env list`), shared by all jobs
     plan/             the box's calibration (`deskpod.plan.local`), the pod's alone (0700)
+    trusted-fleets/   the public keys of the fleets whose assertions the pod accepts (`deskpod.jobs.trust`; 0700)
 
 The home is mode 0711 on a root pod (users reach their job folders and the socket, nothing else).
 
@@ -35,7 +36,7 @@ from typing import IO, Any
 from deskpod.environment import Environment
 from deskpod.errors import UsageError
 from deskpod.jobs.executor import Executor
-from deskpod.jobs.pod import Pod, PodConfig
+from deskpod.jobs.pod import Pod, PodConfig, StackResolver
 from deskpod.plan.local import calibration_path
 
 
@@ -175,12 +176,14 @@ def serve(
     *,
     extensions: Sequence[Callable[[Any, Pod], None]] = (),
     executor: Executor | None = None,
+    stacks: StackResolver | None = None,
 ) -> int:
     """Run the pod service until SIGTERM/SIGINT or ``POST /v1/shutdown``; returns the exit code.
 
     ``extensions`` add routes to the service's app (``deskpod up`` hands in the dashboard's); see
     `deskpod.jobs.api.create_app`. ``executor`` runs the jobs (`deskpod.jobs.executor`): by default this box's
-    (`deskpod.jobs.local.LocalExecutor`), or Slurm's (``--backend slurm``).
+    (`deskpod.jobs.local.LocalExecutor`), or Slurm's (``--backend slurm``), or a fleet's. ``stacks`` resolves the
+    ``stack`` a spec names (a fleet's, `deskpod.fleet.stacks`); without it such a spec is refused.
     """
     import uvicorn
 
@@ -229,8 +232,13 @@ def serve(
     if executor is None:  # this box runs the jobs
         executor = LocalExecutor(config, device_count=n, device_kind=kind, place=placer, isolation=isolation,
                                  confinement=confinement)  # fmt: skip
+    from deskpod.jobs.trust import Trust
+
+    trust = Trust.load(home, config.name)
+    if trust is not None:
+        print(f"deskpod: pod {config.name!r} trusts fleet(s) {', '.join(sorted(trust.keys))}", flush=True)
     pod = Pod(config, store, executor, device_count=n, device_kind=kind, place=placer, topology=topo,
-              isolation=isolation, confinement=confinement)  # fmt: skip
+              isolation=isolation, confinement=confinement, trust=trust, stacks=stacks)  # fmt: skip
     pod.start()
 
     stop_jobs = [False]

@@ -42,6 +42,8 @@ class BackendStatus(TypedDict):
     name: str
     slurm_version: NotRequired[str]
     partitions: NotRequired[list[PartitionStatus]]
+    members: NotRequired[int]
+    """A fleet's: how many member pods it hands jobs to."""
 
 
 class ExecutorStatus(TypedDict):
@@ -94,6 +96,10 @@ class Executor(Protocol):
     def close(self, pod: PodSide, *, stop_jobs: bool) -> None:
         """The pod service stops; with ``stop_jobs`` (``deskpod down --stop-jobs``) its jobs are stopped and
         requeued where the executor owns their processes."""
+
+    def log(self, pod: PodSide, job: JobRecord, offset: int, limit: int) -> bytes:
+        """Up to ``limit`` bytes of the job's output from ``offset`` (its folder's log, or another pod's)."""
+        ...
 
     def status(self, pod: PodSide) -> ExecutorStatus:
         """What the executor has (devices and their holders, or nodes and partitions) for ``GET /v1/status``."""

@@ -39,6 +39,9 @@ class Forecast:
     horizon: int = 0
     """How many jobs from the queue's front were played forward (those behind have no entry in ``start``); 0 when
     none were (another scheduler, e.g. Slurm's, decides when)."""
+    free: tuple[tuple[float, int], ...] = ()
+    """What a job submitted now would find once the queue was played forward: (from when, devices free from then
+    on) steps in time order; empty when unknown (more queued jobs than the horizon, or another scheduler's)."""
 
 
 def queue_order(waiting: Iterable[Waiting]) -> list[Waiting]:
@@ -65,7 +68,15 @@ def forecast(
         start[job.id] = at
         if at is not None:
             _add(times, free, at, at + length, job.devices)
-    return Forecast(position, start, horizon)
+    profile = tuple(zip(times, free, strict=True)) if len(order) <= horizon else ()
+    return Forecast(position, start, horizon, profile)
+
+
+def earliest(profile: Sequence[tuple[float, int]], k: int, length: float | None) -> float | None:
+    """The first time in a `Forecast.free` profile from which ``k`` devices stay free for ``length`` seconds
+    (None: for good); None when never."""
+    times, free = [t for t, _ in profile], [n for _, n in profile]
+    return _earliest(times, free, k, math.inf if length is None else length) if profile else None
 
 
 def _split(times: list[float], free: list[int], t: float) -> int:

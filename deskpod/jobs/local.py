@@ -30,6 +30,7 @@ from deskpod.jobs.confinement import Confinement
 from deskpod.jobs.executor import DeviceStatus, ExecutorStatus, PodSide
 from deskpod.jobs.forecast import Forecast, forecast
 from deskpod.jobs.isolation import Isolation, Prepared, box_environment
+from deskpod.jobs.joblog import read_log
 from deskpod.jobs.pod import ACTIVE, PodConfig, build_error
 from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec
@@ -117,6 +118,9 @@ class LocalExecutor:
 
     def forecast(self, pod: PodSide, waiting: Sequence[Waiting], now: float) -> Forecast:
         return forecast(waiting, self._running(pod, now), self.device_count, now)
+
+    def log(self, pod: PodSide, job: JobRecord, offset: int, limit: int) -> bytes:
+        return read_log(pod.job_folder(job), offset, limit)
 
     def status(self, pod: PodSide) -> ExecutorStatus:
         holders = {d: j for j in pod.store.jobs(states=ACTIVE) for d in j.assigned}

@@ -9,6 +9,10 @@ Before the loop, the executor takes up what a previous daemon left active (`Exec
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import re
+import socket
 import sys
 import threading
 import time
@@ -18,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from deskpod import __version__
 from deskpod.envs.limits import LimitSettings
 from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError
@@ -31,6 +36,7 @@ from deskpod.jobs.scheduler import Waiting
 from deskpod.jobs.spec import JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord, Store, User, job_number
+from deskpod.jobs.trust import Trust
 
 S = JobState
 ACTIVE = (S.STARTING, S.BUILDING, S.RUNNING)
@@ -42,6 +48,9 @@ class PodConfig:
 
     home: Path
     """State, logs and job folders (``DESKPOD_HOME``)."""
+    name: str = field(default_factory=socket.gethostname)
+    """The pod's name (``deskpod up --name``, default the host's): what a fleet's assertions for it name as their
+    audience (`deskpod.jobs.trust`)."""
     host: str = "127.0.0.1"
     port: int = 8420
     preemption: bool = True
@@ -75,6 +84,8 @@ class PodConfig:
     ``default``: a quarter of the file system holding the home; None: no limit."""
 
     def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", self.name):
+            raise ConfigError(f"--name {self.name!r:.80}: expected 1-64 letters, digits, '.', '_' or '-', e.g. box-a")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port {self.port}: expected 0-65535")
         if not 0 <= self.grace_s <= 3600:
@@ -121,10 +132,13 @@ class Pod:
         isolation: Isolation | None = None,
         confinement: Confinement | None = None,
         stacks: StackResolver | None = None,
+        trust: Trust | None = None,
     ) -> None:
         self.config, self.store, self.executor, self.clock = config, store, executor, clock
         self.stacks = stacks
         """Resolves a spec's ``stack`` (a fleet); None: a spec naming a stack is refused."""
+        self.trust = trust
+        """The fleets whose assertions this pod accepts (`deskpod.jobs.trust`); None: none."""
         # This box as the API and the dashboard show it (its devices, placement, the walls of its jobs' processes);
         # the executor decides where jobs run.
         self.device_count, self.device_kind, self.place = device_count, device_kind, place
@@ -140,17 +154,44 @@ class Pod:
         self._thread: threading.Thread | None = None
 
     # API side --------------------------------------------------------------------------------
-    def submit(self, user: User, data: object) -> JobRecord:
-        """Validate, refuse what the executor can never run, record as queued, wake the loop."""
+    def submit(self, user: User, data: object, *, lease_s: float | None = None) -> JobRecord:
+        """Validate, refuse what the executor can never run, record as queued, wake the loop. ``lease_s``: a job
+        forwarded by a fleet starts here only while the fleet renews its lease (`renew`), first for these seconds."""
+        if user.fleet is not None and self.store.user(user.name) is None:
+            raise AccessError(f"fleet {user.fleet} acting as itself submits no jobs; it forwards those of its users")
+        if lease_s is not None and user.fleet is None:
+            raise ConfigError(
+                "lease: only a fleet's forwarded jobs are held by a lease (this request has no assertion)"
+            )
         spec = parse_spec(data, device_count=self.executor.device_count)
         if spec.stack is not None:
             if self.stacks is None:
                 raise ConfigError(f"job spec: stack = {spec.stack!r}: {STACKS_ARE_A_FLEETS}")
             spec = self.stacks.resolve(spec)
         self._check_priority(user, spec)
-        job = self.store.submit(user.name, spec, self.executor.check(spec, user), self.clock())
+        now = self.clock()
+        lease = None if lease_s is None or user.fleet is None else (user.fleet, now + lease_s)
+        job = self.store.submit(user.name, spec, self.executor.check(spec, user), now, lease)
         self.wake()
         return job
+
+    def renew(self, user: User, ids: Sequence[str], seconds: float) -> list[JobRecord]:
+        """A fleet renews, for ``seconds`` from now, the leases it holds on these of its forwarded jobs (those still
+        queued), and is told the state of each it holds (the others are left out: unknown here, or not its)."""
+        if user.fleet is None:
+            raise AccessError(f"user {user.name!r}: only a fleet renews leases (it holds the jobs it forwarded)")
+        numbers = [n for n in (job_number(i) for i in ids) if n is not None]
+        return self.store.renew(user.fleet, numbers, self.clock() + seconds)
+
+    def expire_leases(self) -> None:
+        """Cancel, unstarted, every queued job whose fleet stopped renewing its lease: the fleet may have sent it
+        elsewhere, and a job never runs twice."""
+        now = self.clock()
+        for job in self.store.expired_leases(now):
+            why = (f"lease of {job.lease_holder} ran out unrenewed at "
+                   f"{time.strftime('%H:%M:%S', time.localtime(job.lease_until))}: the fleet may run it elsewhere")  # fmt: skip
+            if self.store.transition(job.id, S.CANCELLED, why, expect=[S.QUEUED], finished_at=now, reason=why):
+                self.executor.cancel(self, job)
 
     def _check_priority(self, user: User, spec: JobSpec) -> None:
         limit = self.config.priority_limit
@@ -244,6 +285,7 @@ class Pod:
             if self._stop.is_set():
                 break
             try:
+                self.expire_leases()
                 self.executor.tick(self, woken=woken)
             except Exception:  # one bad tick must not end the service; the traceback goes to the daemon log
                 traceback.print_exc(file=sys.stderr)
@@ -271,6 +313,53 @@ class Pod:
         running = n.get("running", 0) + n.get("starting", 0) + n.get("building", 0)
         return {**self.executor.status(self), "queued": n.get("queued", 0), "running": running,
                 "preemption": self.config.preemption, "grace_s": self.config.grace_s}  # fmt: skip
+
+    def outlook(self) -> dict[str, Any]:
+        """What a fleet routes by (``GET /v1/status`` has it beside `status`): this pod's name, its software, its
+        topology (``nvidia-smi topo -m`` text) and what a job submitted now would find, as (seconds from now,
+        devices free from then on) steps after the queue was played forward (`deskpod.jobs.forecast`)."""
+        now = self.clock()
+        profile = self.forecast(now).free
+        topology = None
+        if self.topology is not None:
+            from deskpod.hardware.topo_matrix import format_topo_matrix
+
+            t = self.topology
+            uniform = t.kind != "cuda"
+            topology = {"name": t.name, "devices": t.device_count, "matrix": None if uniform else
+                        format_topo_matrix(t, legend=False), "partitions": [[p, [list(b) for b in bs]] for p, bs in
+                        t.partitions]}  # fmt: skip
+        return {"name": self.config.name, "software": software(), "topology": topology,
+                "free": [[max(0.0, t - now), k] for t, k in profile]}  # fmt: skip
+
+
+_SOFTWARE: dict[str, str | None] = {}
+
+
+def software() -> dict[str, str | None]:
+    """This box's stack, read once: deskpod, torch and the CUDA it was built for, the NVIDIA driver (None: none)."""
+    if not _SOFTWARE:
+        from deskpod.hardware.devices import driver_version
+
+        try:
+            torch = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            torch = None
+        _SOFTWARE.update(deskpod=__version__, torch=torch, cuda=_torch_cuda(), driver=driver_version())
+    return dict(_SOFTWARE)
+
+
+def _torch_cuda() -> str | None:
+    """The CUDA torch was built for, from its generated ``torch/version.py`` (importing torch takes seconds)."""
+    found = importlib.util.find_spec("torch")
+    for folder in (found.submodule_search_locations or []) if found is not None else []:
+        try:
+            text = (Path(folder) / "version.py").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        return m.group(1) if m else None
+    return None
 
 
 def build_error(log: Path) -> str:

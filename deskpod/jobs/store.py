@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS jobs(
     attempt INTEGER NOT NULL DEFAULT 0, failures INTEGER NOT NULL DEFAULT 0,
     assigned TEXT NOT NULL DEFAULT '', port INTEGER, pid INTEGER, pid_start INTEGER,
     exit_code INTEGER, stop_reason TEXT, stop_deadline REAL,
-    submitted_at REAL NOT NULL, started_at REAL, finished_at REAL, external TEXT);
+    submitted_at REAL NOT NULL, started_at REAL, finished_at REAL, external TEXT, lease_holder TEXT, lease_until REAL,
+    lease_confirmed INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
 CREATE TABLE IF NOT EXISTS events(
@@ -65,6 +66,8 @@ class User:
     admin: bool
     os_user: str | None = None
     """The OS account the user's jobs run as on a pod started by root (None: see `deskpod.jobs.accounts`)."""
+    fleet: str | None = None
+    """The fleet whose assertion this request came with (`deskpod.jobs.trust`); None: a token or the socket."""
 
 
 def _user(r: sqlite3.Row) -> User:
@@ -100,6 +103,14 @@ class JobRecord:
     finished_at: float | None
     external: str | None = None
     """The job's id in the executor that runs it, when that is not this box (a Slurm job id)."""
+    lease_holder: str | None = None
+    """The fleet that forwarded the job here and holds it by a lease (`deskpod.jobs.trust`); None: no lease."""
+    lease_until: float | None = None
+    """Until when the job may start here: the fleet renews it while it holds the job; once it runs out the job is
+    cancelled unstarted (`deskpod.jobs.pod.Pod.expire_leases`), and the fleet may send it elsewhere."""
+    lease_confirmed: bool = False
+    """Whether its fleet renewed the lease since forwarding the job: only then may it start (a forward whose answer
+    the fleet never got is never confirmed, so it never runs beside the copy the fleet sends elsewhere)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +135,9 @@ class JobRecord:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "external": self.external,
+            "lease": None
+            if self.lease_holder is None
+            else {"fleet": self.lease_holder, "until": self.lease_until, "confirmed": self.lease_confirmed},
             "spec": self.spec.to_json(),
         }
 
@@ -132,7 +146,8 @@ def _record(row: sqlite3.Row) -> JobRecord:
     """A ``jobs`` row as a `JobRecord`: each field from its column, the spec, state and devices decoded."""
     values = {name: row[name] for name in JobRecord.__dataclass_fields__}
     values.update(spec=stored_spec(json.loads(row["spec"])), state=JobState(row["state"]),
-                  assigned=tuple(int(x) for x in row["assigned"].split(",") if x))  # fmt: skip
+                  assigned=tuple(int(x) for x in row["assigned"].split(",") if x),
+                  lease_confirmed=bool(row["lease_confirmed"]))  # fmt: skip
     return JobRecord(**values)
 
 
@@ -153,6 +168,8 @@ def job_number(text: str) -> int | None:
 QueueRow = tuple[int, int, int, str, float | None, str]
 """A queued job for the scheduler: (id, priority, devices, placement, max_runtime, reason)."""
 QUEUE_COLUMNS = "id, priority, devices, placement, max_runtime, reason"
+STARTABLE = "(lease_holder IS NULL OR lease_confirmed = 1)"
+"""A queued job the scheduler may start: one held by a fleet's lease only once the fleet confirmed it."""
 
 
 def private(path: Path) -> None:
@@ -182,6 +199,10 @@ class Store:
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
         if "external" not in columns:  # a store written before cluster backends
             self._db.execute("ALTER TABLE jobs ADD COLUMN external TEXT")
+        if "lease_until" not in columns:  # before fleets
+            self._db.execute("ALTER TABLE jobs ADD COLUMN lease_holder TEXT")
+            self._db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
+            self._db.execute("ALTER TABLE jobs ADD COLUMN lease_confirmed INTEGER NOT NULL DEFAULT 0")
         if "os_user" not in {r[1] for r in self._db.execute("PRAGMA table_info(users)")}:  # before OS accounts
             self._db.execute("ALTER TABLE users ADD COLUMN os_user TEXT")
         self.version = 0
@@ -226,13 +247,13 @@ class Store:
         assert self._queued is not None
         ids = list(jobs)
         marks = ",".join("?" * len(ids))
-        cur = self._db.execute(f"SELECT {QUEUE_COLUMNS}, state FROM jobs WHERE id IN ({marks})", ids)
+        cur = self._db.execute(f"SELECT {QUEUE_COLUMNS}, state, {STARTABLE} FROM jobs WHERE id IN ({marks})", ids)
         cur.row_factory = None
         found = {r[0]: r for r in cur.fetchall()}
         for j in ids:
             row = found.get(j)
             before = self._queued.get(j)
-            if row is not None and row[6] == JobState.QUEUED.value:
+            if row is not None and row[6] == JobState.QUEUED.value and row[7]:
                 if before is None and self._queued and j < next(reversed(self._queued)):
                     self._queued = dict(sorted({**self._queued, j: row[:6]}.items()))  # a requeue: keep id order
                 else:
@@ -326,14 +347,17 @@ class Store:
             self.revocations += 1
 
     # jobs --------------------------------------------------------------------------------------
-    def submit(self, user: str, spec: JobSpec, devices: int, now: float) -> JobRecord:
-        """Record a new queued job; the row is committed before this returns."""
+    def submit(
+        self, user: str, spec: JobSpec, devices: int, now: float, lease: tuple[str, float] | None = None
+    ) -> JobRecord:
+        """Record a new queued job (held by ``lease``: its fleet, and until when); committed before this returns."""
+        holder, until = lease or (None, None)
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO jobs (user, name, spec, priority, devices, placement, max_runtime, retries, state,"
-                " submitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " submitted_at, lease_holder, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (user, spec.name, json.dumps(spec.to_json()), spec.priority, devices, spec.placement,
-                 spec.max_runtime, spec.retries, JobState.QUEUED.value, now),
+                 spec.max_runtime, spec.retries, JobState.QUEUED.value, now, holder, until),
             )  # fmt: skip
             job_id = int(cur.lastrowid or 0)
             db.execute("INSERT INTO events VALUES (?, ?, NULL, ?, ?)", (job_id, now, "queued", f"submitted by {user}"))
@@ -409,6 +433,28 @@ class Store:
             args.append(f"%{escaped}%")
         return where, args
 
+    def expired_leases(self, now: float) -> list[JobRecord]:
+        """Queued jobs whose lease ran out before ``now``."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM jobs WHERE state = 'queued' AND lease_until IS NOT NULL AND lease_until < ?", (now,)
+            ).fetchall()
+        return [_record(r) for r in rows]
+
+    def renew(self, holder: str, ids: Iterable[int], until: float) -> list[JobRecord]:
+        """Extend to ``until`` (and confirm) the leases ``holder`` has on the jobs among ``ids`` (a running one's too:
+        a retry queues it again); returns every job of ``ids`` it holds, in whatever state (those it never held, or
+        that are gone, are left out)."""
+        wanted = list(ids)
+        if not wanted:
+            return []
+        marks = ",".join("?" * len(wanted))
+        with self._tx(*wanted) as db:
+            db.execute(f"UPDATE jobs SET lease_until = ?, lease_confirmed = 1 WHERE lease_holder = ? AND id IN ({marks})",
+                       [until, holder, *wanted])  # fmt: skip
+            rows = db.execute(f"SELECT * FROM jobs WHERE lease_holder = ? AND id IN ({marks})", [holder, *wanted])
+            return [_record(r) for r in rows.fetchall()]
+
     def transition(
         self, job_id: int, new: JobState, note: str, *, expect: Iterable[JobState] | None = None, **fields: Any
     ) -> bool:
@@ -449,7 +495,7 @@ class Store:
             return db.execute(sql, args).rowcount == 1
 
     def queue(self) -> list[QueueRow]:
-        """Queued jobs as (id, priority, devices, placement, max_runtime, reason), by id: the scheduler's light view.
+        """Queued jobs that may start (`STARTABLE`) as (id, priority, devices, placement, max_runtime, reason), by id: the scheduler's light view.
 
         Read from SQLite once, then kept in memory: this process's writes update it as they commit (the rows they
         touch are read again), and a commit by any other connection (``PRAGMA data_version`` moves) makes the
@@ -470,7 +516,9 @@ class Store:
     def _current_queue(self) -> dict[int, QueueRow]:
         version = int(self._db.execute("PRAGMA data_version").fetchone()[0])
         if self._queued is None or version != self._data_version:
-            cur = self._db.execute(f"SELECT {QUEUE_COLUMNS} FROM jobs WHERE state = 'queued' ORDER BY id")
+            cur = self._db.execute(
+                f"SELECT {QUEUE_COLUMNS} FROM jobs WHERE state = 'queued' AND {STARTABLE} ORDER BY id"
+            )
             cur.row_factory = None  # plain tuples: a third of the time of sqlite3.Row for 10,000 rows
             self._queued = {r[0]: r for r in cur.fetchall()}
             self._data_version = version

@@ -1,0 +1,380 @@
+"""The fleet's executor: the pod's jobs, handed to member pods (a `deskpod.jobs.executor.Executor`).
+
+``deskpod fleet up`` is a pod service — queue, store, users, tokens, REST API, dashboard — whose jobs run on other
+pods. Each tick:
+
+- **route** every queued job not yet on a member (`deskpod.fleet.routing`, over the members' snapshots) and forward
+  it, as its own user (an assertion, `deskpod.fleet.keys`), with a lease; ``external`` becomes ``member:job_id``,
+  and the routing's reasons go to the job's history;
+- **follow** the forwarded jobs with one request per member (``POST /v1/leases``): it renews the leases of those
+  not yet started (the first renewal confirms a forward: only then may the member start it) and says every job's
+  state, which the fleet's copy is moved to (`deskpod.jobs.states`: the same table, step by step);
+- carry out **stop requests** (a cancel, a requeue) by forwarding them; logs are read from the member.
+
+**A job never runs twice.** A member starts a forwarded job only while its lease holds, and cancels it unstarted
+once the lease ran out (`deskpod.jobs.pod.Pod.expire_leases`). When a member stops answering, its jobs that had not
+started stay where they are until the last lease the fleet may have given them has surely run out — the last
+answered renewal plus the lease, or the last unanswered one plus its assertion's life, the lease and `SKEW` — and
+are then sent elsewhere. Jobs that had started keep their state, and are shown as the member reports them when it
+answers again. A forward whose answer never came was never confirmed, so it never starts there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from deskpod.errors import ConflictError, DeskpodError, ServiceError, UsageError
+from deskpod.fleet.client import RENEW_S, MemberClient
+from deskpod.fleet.keys import FleetKey
+from deskpod.fleet.members import Member, Members
+from deskpod.fleet.routing import Route, Wanted, after, route
+from deskpod.fleet.snapshot import MemberSnapshot, Survey, from_status, unreachable
+from deskpod.fleet.stacks import member_spec
+from deskpod.jobs.executor import ExecutorStatus, PodSide
+from deskpod.jobs.forecast import Forecast
+from deskpod.jobs.scheduler import Waiting, order_key
+from deskpod.jobs.spec import JobSpec
+from deskpod.jobs.states import JobState
+from deskpod.jobs.store import JobRecord, User
+
+S = JobState
+FOLLOWED = (S.QUEUED, S.STARTING, S.BUILDING, S.RUNNING)
+SKEW = 2.0
+"""Seconds the member's clock may be behind the fleet's: it accepts an assertion until its ``exp`` by its own clock."""
+MANY = 1_000_000
+"""No limit on the jobs a tick reads from the store."""
+
+
+def wanted(spec: JobSpec) -> Wanted:
+    """What routing needs of a spec."""
+    count = int(spec.devices) if str(spec.devices).isdigit() else None
+    return Wanted(count, spec.placement, spec.max_runtime, spec.nodes)
+
+
+def split(external: str) -> tuple[str, str]:
+    """``member:job_id`` -> (member, its job id)."""
+    member, _, job_id = external.partition(":")
+    return member, job_id
+
+
+class FleetExecutor:
+    """Jobs of the fleet pod, run by its members (see the module docstring)."""
+
+    name = "fleet"
+    device_count = None  # devices = "all" is a whole member's, whichever it is
+
+    def __init__(
+        self, members: Members, key: FleetKey, *, lease_s: float = 15.0, poll_s: float = 1.0, ttl: float = 2.0
+    ) -> None:
+        self.members, self.key, self.lease_s, self.poll_s = members, key, lease_s, poll_s
+        self.survey = Survey(self._ask, ttl=ttl)
+        self._clients: dict[str, MemberClient] = {}
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="deskpod-fleet")
+        self._held: dict[int, float] = {}
+        """Fleet job -> until when (this clock) its member may still start it: past that, it may go elsewhere."""
+        self._silent: dict[str, float] = {}
+        """Member -> since when it does not answer."""
+        self._last_follow = 0.0
+        self._last_route = 0.0
+
+    # members ---------------------------------------------------------------------------------------
+    def client(self, member: Member) -> MemberClient:
+        c = self._clients.get(member.name)
+        if c is None or c.member != member:
+            c = self._clients[member.name] = MemberClient(member, self.key)
+        return c
+
+    def _ask(self, name: str) -> MemberSnapshot:
+        m = self.members.get(name)
+        now = time.time()
+        if m is None:
+            return unreachable(name, "", "no such member", now, False)
+        try:
+            return from_status(m.name, m.url, self.client(m).status(), now, m.draining)
+        except DeskpodError as e:
+            return unreachable(m.name, m.url, str(e), now, m.draining)
+
+    def snapshots(self, *, fresh: bool = False) -> list[MemberSnapshot]:
+        """Every member's snapshot (asked at once, cached `Survey.ttl` seconds)."""
+        return self.survey.snapshots([m.name for m in self.members.all()], fresh=fresh)
+
+    # Executor ------------------------------------------------------------------------------------
+    def check(self, spec: JobSpec, user: User) -> int:
+        """Refuse a job no member can ever run (when every member answered); a member that does not answer now
+        may return, so a fleet with one such member queues the job."""
+        members = [m for m in self.members.all() if not m.draining]
+        if not members:
+            raise ConflictError(
+                "this fleet has no members to run jobs on: its admin adds one with deskpod fleet add NAME URL"
+            )
+        snaps = self.survey.snapshots([m.name for m in members])
+        if all(s.reachable for s in snaps):
+            r = route(wanted(spec), snaps, time.time())
+            if r.member is None:
+                raise ConflictError(f"job spec: no member of this fleet can run it: {r.text()}")
+        return int(spec.devices) if str(spec.devices).isdigit() else 0
+
+    def status(self, pod: PodSide) -> ExecutorStatus:
+        return {"devices": [], "backend": {"name": self.name, "members": len(self.members.all())}}
+
+    def forecast(self, pod: PodSide, waiting: Sequence[Waiting], now: float) -> Forecast:
+        """Positions only: each member's own queue decides when (the job's reason says where it waits)."""
+        return Forecast({w.id: i + 1 for i, w in enumerate(waiting)}, {})
+
+    def recover(self, pod: PodSide) -> None:
+        """A previous fleet process may have renewed leases until now: none of its jobs moves before they ran out."""
+        until = time.time() + RENEW_S + 1 + self.lease_s + SKEW
+        for job in pod.store.jobs(states=[S.QUEUED], limit=MANY):
+            if job.external:
+                self._held[job.id] = until
+
+    def close(self, pod: PodSide, *, stop_jobs: bool) -> None:
+        """Nothing to stop: the jobs are the members'; the next fleet process follows them again."""
+        self.survey.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for c in self._clients.values():
+            c.close()
+
+    def cancel(self, pod: PodSide, job: JobRecord) -> None:
+        """A queued job was cancelled here: cancel its member's copy (if that fails, its lease runs out there)."""
+        self._held.pop(job.id, None)
+        if job.external:
+            member, job_id = split(job.external)
+            m = self.members.get(member)
+            if m is not None:
+                try:
+                    self.client(m).cancel(job.user, job_id)
+                except DeskpodError as e:
+                    pod.store.note(job.id, f"cancel on {member} failed ({e}); its lease there runs out unrenewed")
+
+    def log(self, pod: PodSide, job: JobRecord, offset: int, limit: int) -> bytes:
+        """The job's output, read from its member as its user (nothing while it waits here or the member is silent)."""
+        if not job.external:
+            return b""
+        member, job_id = split(job.external)
+        m = self.members.get(member)
+        if m is None:
+            return b""
+        try:
+            return self.client(m).log(job.user, job_id, offset, limit)
+        except (ServiceError, UsageError):
+            return b""
+
+    def tick(self, pod: PodSide, *, woken: bool) -> None:
+        now = time.time()
+        sent = False
+        queued = [j for j in pod.store.jobs(states=[S.QUEUED], limit=MANY) if not j.external]
+        if queued and (woken or now - self._last_route >= self.poll_s):
+            self._last_route = now
+            sent = self._route(pod, queued)
+        if sent or woken or now - self._last_follow >= self.poll_s:
+            self._last_follow = now
+            self._follow(pod)
+
+    # routing -------------------------------------------------------------------------------------
+    def _route(self, pod: PodSide, queued: list[JobRecord]) -> bool:
+        """Send each queued job to its member, best first; returns whether any was sent."""
+        snaps = {s.name: s for s in self.snapshots()}
+        sent = False
+        for job in sorted(queued, key=lambda j: order_key(Waiting(j.id, j.priority, j.devices))):
+            want = wanted(job.spec)
+            refused: dict[str, str] = {}
+            while True:
+                r = route(want, [s for n, s in snaps.items() if n not in refused], time.time())
+                if r.member is None:
+                    why = "; ".join([*(f"{n}: refused it ({e})" for n, e in refused.items()), r.text()])
+                    text = f"no member can take it now: {why}" if why else "no member can take it now"
+                    if job.reason != text:
+                        pod.store.update(job.id, expect=[S.QUEUED], reason=text)
+                    break
+                error = self._send(pod, job, r)
+                if error is None:
+                    snaps[r.member] = after(want, snaps[r.member], time.time())
+                    self.survey.forget(r.member)
+                    sent = True
+                    break
+                refused[r.member] = error
+        return sent
+
+    def _send(self, pod: PodSide, job: JobRecord, r: Route) -> str | None:
+        """Forward a job to the member ``r`` chose; None when done, else why the member did not take it."""
+        assert r.member is not None
+        m = self.members.get(r.member)
+        if m is None:
+            return "removed"
+        try:
+            got = self.client(m).submit(job.user, member_spec(job.spec), self.lease_s)
+        except ServiceError as e:  # silent, or failed: an unanswered forward is never confirmed, so never runs there
+            self.survey.forget(m.name)
+            return str(e)
+        except UsageError as e:  # refused: the user has no account there, the box cannot take it
+            return str(e)
+        answered = time.time()
+        external = f"{m.name}:{got['id']}"
+        reason = f"on {m.name} (its job {got['id']}): {r.reasons[m.name]}"
+        if not pod.store.update(job.id, expect=[S.QUEUED], external=external, reason=reason):
+            self.client(m).cancel(job.user, str(got["id"]))  # cancelled here meanwhile
+            return None
+        self._held[job.id] = answered + self.lease_s
+        pod.store.note(job.id, f"routed to {m.name} as its job {got['id']}: {r.text()}")
+        return None
+
+    # following -----------------------------------------------------------------------------------
+    def _follow(self, pod: PodSide) -> None:
+        """One renewal per member for its followed jobs; each job's copy moves as its member says."""
+        by_member: dict[str, list[JobRecord]] = defaultdict(list)
+        for job in pod.store.jobs(states=FOLLOWED, limit=MANY):
+            if job.external:
+                by_member[split(job.external)[0]].append(job)
+        members = {m.name: m for m in self.members.all()}
+        for name, jobs in by_member.items():
+            if name not in members:  # removed with --force
+                for job in jobs:
+                    self._lost(pod, job, f"member {name} was removed (--force) while it held the job")
+        asked = [(members[n], jobs) for n, jobs in by_member.items() if n in members]
+        answers = self._pool.map(lambda mj: self._renew(*mj), asked)
+        for (m, jobs), (sent, answered, seen, error) in zip(asked, answers, strict=True):
+            for job in jobs:
+                try:
+                    if error is not None:
+                        self._silent_member(pod, job, m.name, sent, error)
+                    else:
+                        self._mirror(pod, job, m.name, seen.get(split(job.external or "")[1]), answered)
+                except Exception:  # one job's surprise must not stop the others being followed
+                    traceback.print_exc(file=sys.stderr)
+            if error is None:
+                self._silent.pop(m.name, None)
+        for m in members.values():
+            if m.draining and m.name not in by_member:
+                self.members.remove(m.name)
+
+    def _renew(self, m: Member, jobs: list[JobRecord]) -> tuple[float, float, dict[str, dict[str, Any]], str | None]:
+        """(sent, answered, the member's jobs by id, error or None)."""
+        sent = time.time()
+        ids = [split(j.external or "")[1] for j in jobs]
+        for job in jobs:
+            with contextlib.suppress(DeskpodError):  # the next tick asks again (the renewal says if the member answers)
+                self._carry_out_stop(m, job)
+        try:
+            seen = self.client(m).renew(ids, self.lease_s)
+        except DeskpodError as e:
+            return sent, time.time(), {}, str(e)
+        return sent, time.time(), {str(j["id"]): j for j in seen}, None
+
+    def _carry_out_stop(self, m: Member, job: JobRecord) -> None:
+        """Forward a stop request of the job's user or of the pod (cancel, requeue) to the member, once."""
+        if job.stop_reason is None or job.stop_deadline is not None:
+            return
+        _, job_id = split(job.external or "")
+        if job.stop_reason == "requeue":
+            self.client(m).requeue(job.user, job_id)
+        else:
+            self.client(m).cancel(job.user, job_id)
+
+    def _silent_member(self, pod: PodSide, job: JobRecord, member: str, sent: float, error: str) -> None:
+        """The member did not answer: a job not started there goes elsewhere once its lease surely ran out."""
+        store, now = pod.store, time.time()
+        since = self._silent.setdefault(member, sent)
+        if job.state is S.QUEUED:
+            until = max(self._held.get(job.id, 0.0), sent + RENEW_S + 1 + self.lease_s + SKEW)
+            self._held[job.id] = until
+            if now >= until:
+                why = f"{member} stopped answering ({error}); its lease there ran out unstarted, so it goes elsewhere"
+                if store.update(job.id, expect=[S.QUEUED], external=None, reason=why):
+                    store.note(job.id, why)
+                    self._held.pop(job.id, None)
+            else:
+                stamp = time.strftime("%H:%M:%S", time.localtime(until))
+                why = f"on {member}, which stopped answering ({error}); sent elsewhere at {stamp} unless it answers"
+                if job.reason != why:
+                    store.update(job.id, expect=[S.QUEUED], reason=why)
+        else:
+            stamp = time.strftime("%H:%M:%S", time.localtime(since))
+            why = f"on {member}, which does not answer since {stamp}; shown as it reports when it answers again"
+            if job.reason != why:
+                store.update(job.id, reason=why)
+
+    def _lost(self, pod: PodSide, job: JobRecord, why: str) -> None:
+        store = pod.store
+        if job.state is S.QUEUED:
+            store.transition(job.id, S.STARTING, why, expect=[S.QUEUED])
+        store.transition(job.id, S.LOST, why, reason=why, finished_at=time.time(), stop_reason=None,
+                         stop_deadline=None)  # fmt: skip
+        self._held.pop(job.id, None)
+
+    def _mirror(self, pod: PodSide, job: JobRecord, member: str, seen: dict[str, Any] | None, answered: float) -> None:
+        """Move the fleet's copy of a job to the state its member reports, through the moves the table allows."""
+        store = pod.store
+        if job.stop_reason is not None and job.stop_deadline is None:
+            store.update(job.id, stop_deadline=answered)
+            job = store.job(job.id) or job
+        if seen is None:  # the member does not know it (any more): it never started there, or its store is gone
+            if job.state is S.QUEUED:
+                why = f"{member} no longer has it; it goes elsewhere"
+                store.update(job.id, expect=[S.QUEUED], external=None, reason=why)
+                store.note(job.id, why)
+            else:
+                self._lost(pod, job, f"{member} no longer knows the job")
+            return
+        self._held[job.id] = answered + self.lease_s
+        new, said = S(seen["state"]), str(seen.get("reason") or "")
+        where = f"on {member}: {said or new.value}"
+        if new is S.PREEMPTED:  # a moment's state there: queued again at once
+            return
+        if new is S.QUEUED:
+            if job.state.active:  # the member ran it and queued it again: a retry, a preemption, a requeue
+                failed = int(seen.get("failures", 0)) > job.failures
+                store.transition(job.id, S.FAILED if failed else S.PREEMPTED, f"{member}: {said or 'queued again'}",
+                                 failures=int(seen.get("failures", 0)), exit_code=seen.get("exit_code"),
+                                 stop_reason=None, stop_deadline=None)  # fmt: skip
+                store.transition(job.id, S.QUEUED, f"queued again on {member}", reason=where)
+            elif job.reason != where:
+                store.update(job.id, expect=[S.QUEUED], reason=where)
+            return
+        if new.active:
+            if job.state is S.QUEUED:
+                store.transition(job.id, S.STARTING, f"starting on {member}", expect=[S.QUEUED],
+                                 attempt=int(seen.get("attempt", 1)), reason=where)  # fmt: skip
+                job = store.job(job.id) or job
+            if new is S.BUILDING and job.state is S.STARTING:
+                store.transition(job.id, S.BUILDING, f"building its environment on {member}", reason=where)
+            elif new is S.RUNNING and job.state in (S.STARTING, S.BUILDING):
+                store.transition(job.id, S.RUNNING, f"running on {member}", reason=where,
+                                 started_at=seen.get("started_at") or time.time())  # fmt: skip
+            elif job.reason != where:
+                store.update(job.id, reason=where)
+            return
+        if job.state is S.QUEUED and new is S.CANCELLED and job.stop_reason is None and not seen.get("started_at"):
+            why = f"{member} cancelled it unstarted ({said}); it goes elsewhere"
+            store.update(job.id, expect=[S.QUEUED], external=None, reason=why)
+            store.note(job.id, why)
+            return
+        self._end(pod, job, new, member, seen)
+
+    def _end(self, pod: PodSide, job: JobRecord, new: JobState, member: str, seen: dict[str, Any]) -> None:
+        """The member's job ended (succeeded, failed, cancelled, lost): so does the fleet's copy."""
+        store = pod.store
+        said = str(seen.get("reason") or "")
+        if job.state is S.QUEUED:
+            store.transition(job.id, S.STARTING, f"ended on {member} before the fleet saw it run", expect=[S.QUEUED])
+            job = store.job(job.id) or job
+        if new is S.SUCCEEDED and job.state is not S.RUNNING:
+            store.transition(job.id, S.RUNNING, f"ran on {member}", started_at=seen.get("started_at") or time.time())
+        code = seen.get("exit_code")
+        note = (
+            f"{new.value} on {member}"
+            + (f" ({said})" if said else "")
+            + ("" if code is None else f", exit code {code}")
+        )
+        store.transition(job.id, new, note, reason="" if new is S.SUCCEEDED else f"on {member}: {said or new.value}",
+                         exit_code=code, finished_at=seen.get("finished_at") or time.time(),
+                         failures=int(seen.get("failures", job.failures)), stop_reason=None,
+                         stop_deadline=None)  # fmt: skip
+        self._held.pop(job.id, None)
