@@ -34,7 +34,6 @@ COMMAND_MODULES = (
     "deskpod.cli.env",
     "deskpod.cli.lung",
     "deskpod.cli.video",
-    "deskpod.cli.fleet",
 )
 
 

@@ -10,16 +10,19 @@ environment is built once and the second member finds it cached (the content add
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from deskpod.environment.network import free_port
 from deskpod.fleet.rollout import PodLink, roll_out
 from deskpod.fleet.stacks import StackStore, member_spec, stack_definition
+from deskpod.jobs.client import PodClient
 from deskpod.jobs.spec import parse_spec
-from tests.jobs.pods import Pod, Pods, wait_state
+from tests.jobs.pods import Pod, Pods, wait_for, wait_state
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="jobs build environments in their sandbox on a pod started by root"),
@@ -99,3 +102,83 @@ def test_a_plain_pod_refuses_a_spec_naming_a_stack_in_one_line(pods: tuple[Pod, 
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "job spec: stack = 'pytorch': stacks are a fleet's: submit to the fleet" in done.stderr
     assert len(a.client().jobs()) == before
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pod, Pod, Pod]]:
+    """A fleet (``deskpod fleet up``) and two root members (default sandbox) that trust it, added with the CLI."""
+    root = tmp_path_factory.mktemp("fleet")
+    made = Pods(root)
+    try:
+        home = root / "fleet-home"
+        home.mkdir()
+        hub = Pod(home, free_port(), dict(os.environ, DESKPOD_TOKEN_FILE=str(home / "token")), ())
+        made.made.append(hub)
+        start_fleet(hub)
+        members = []
+        for name in ("box-a", "box-b"):
+            pem = str(home / "fleet.pub.pem")
+            pod = made("--machine", "dgx1-v100", "--env-cache", str(root / "envs"), "--name", name, "--trust-fleet", pem,
+                       sandbox=True)  # fmt: skip
+            added = hub.cli("fleet", "add", name, pod.url)
+            assert added.returncode == 0, added.stderr
+            members.append(pod)
+        yield hub, members[0], members[1]
+    finally:
+        made.stop_all()
+
+
+def start_fleet(hub: Pod) -> None:
+    """``deskpod fleet up`` on the hub's home and port, as `Pod.start` starts ``deskpod up``."""
+    out = open(hub.home / "daemon.out", "ab")  # noqa: SIM115 - the daemon writes it for its life
+    hub.proc = subprocess.Popen([sys.executable, "-m", "deskpod", "fleet", "up", "--port", str(hub.port), "--home",
+                                 str(hub.home), "--no-dashboard"], env=hub.env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    out.close()
+    probe = PodClient(hub.url, None, timeout=2)
+    try:
+        wait_for(lambda: _answers(probe), 60, "the fleet to answer /health")
+    finally:
+        probe.close()
+    hub.token = (hub.home / "token").read_text().strip()
+
+
+def _answers(probe: PodClient) -> bool:
+    try:
+        probe.health()
+        return True
+    except Exception:
+        return False
+
+
+def test_the_fleet_publishes_rolls_out_and_pins_jobs_to_a_stack_version(
+    fleet: tuple[Pod, Pod, Pod], tmp_path: Path
+) -> None:
+    hub, _, _ = fleet
+    (tmp_path / "requirements.txt").write_text("torch==2.13.0\n")
+    (tmp_path / "bad.txt").write_text("nosuchpkg-deskpod==1.0\n")
+    published = hub.cli(
+        "fleet", "stack", "publish", "pytorch-2.13", str(tmp_path / "requirements.txt"), "--python", "3.11"
+    )
+    assert published.returncode == 0 and "published pytorch-2.13 v1" in published.stdout, published.stderr
+    same = hub.cli("fleet", "stack", "publish", "pytorch-2.13", str(tmp_path / "requirements.txt"), "--python", "3.11")
+    assert same.returncode == 0 and same.stdout.startswith("unchanged: pytorch-2.13 v1"), same.stdout
+    bad = hub.cli("fleet", "stack", "publish", "pytorch-2.13", str(tmp_path / "bad.txt"))
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "does not resolve" in bad.stderr
+    unknown = hub.cli("fleet", "stack", "rollout", "nope")
+    assert unknown.returncode == 2 and "no stack 'nope' at this fleet; its stacks: pytorch-2.13" in unknown.stderr
+
+    rolled = subprocess.run([sys.executable, "-m", "deskpod", "fleet", "stack", "rollout", "pytorch-2.13"],
+                            env=dict(hub.env, DESKPOD_URL=hub.url), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert rolled.returncode == 0, rolled.stdout + rolled.stderr
+    assert "box-a: passed v1" in rolled.stdout and "box-b: passed v1" in rolled.stdout
+    assert "rollout of pytorch-2.13 v1 passed on every member (2)" in rolled.stdout
+    status = hub.cli("fleet", "stack", "status")
+    assert status.returncode == 0 and status.stdout.count("has v1 (current)") == 2, status.stdout
+
+    # A job through the fleet names the stack; it is pinned to v1 and runs in v1's environment on a member.
+    admin = hub.client()
+    job = admin.submit({"command": ["python", "-c", TORCH, "0"], "stack": "pytorch-2.13"})
+    assert job["spec"]["stack"] == "pytorch-2.13@v1" and job["spec"]["environment"]["python"] == "3.11"
+    done = wait_state(admin, job["id"], "succeeded", "failed", timeout=300)
+    assert done["state"] == "succeeded", admin.log(job["id"])[0]
+    assert "TORCH 2.13.0" in admin.log(job["id"])[0].decode()
