@@ -48,7 +48,9 @@ def authenticate(store: Store, header: str | None, trust: Trust | None = None) -
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AuthError("malformed Authorization header; expected 'Bearer <token>'")
-    if trust is not None and looks_like_assertion(token.strip()):
+    if looks_like_assertion(token.strip()):
+        if trust is None:
+            raise AuthError("a fleet's assertion, but this pod trusts no fleet (its admin: deskpod up --trust-fleet FILE)")
         return fleet_user(store, trust, token.strip())
     user = store.user_by_token_hash(hash_token(token.strip()))
     if user is None:
