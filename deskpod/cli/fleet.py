@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         if name == "members":
             q.add_argument("--json", action="store_true")
         q.set_defaults(func=globals()[f"fleet_{name}"])
-    register_stack(fs)
+    register_stack(fs, fleet_client)
 
 
 def _home(args: argparse.Namespace) -> Path:

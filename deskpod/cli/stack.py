@@ -17,14 +17,15 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 POLL_S = 1.0
 
 
-def register_stack(fleet: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``stack`` and its commands under ``deskpod fleet``."""
+def register_stack(fleet: argparse._SubParsersAction, client: Callable[[argparse.Namespace], Any]) -> None:  # type: ignore[type-arg]
+    """Add ``stack`` and its commands under ``deskpod fleet``; ``client(args)`` is the fleet's pod client."""
     p = fleet.add_parser("stack", help="the fleet's stacks: publish, rollout, status")
     stack = p.add_subparsers(dest="stack_command", metavar="WHAT")
     stack.required = True
@@ -57,10 +58,9 @@ def environment_table(file: Path) -> dict[str, Any]:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from deskpod.cli.fleet import fleet_client
     from deskpod.fleet.stack_api import StackClient
 
-    return StackClient(fleet_client(args))
+    return StackClient(args.client(args))
 
 
 def run_publish(args: argparse.Namespace) -> int:

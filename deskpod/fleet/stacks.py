@@ -25,7 +25,6 @@ transaction, so a fleet killed at any instant has a version whole or not at all.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import sys
@@ -41,6 +40,7 @@ from deskpod.envs.definition import EnvDefinition, content_hash, parse_environme
 from deskpod.envs.resolution import resolve
 from deskpod.errors import ConfigError, NotFoundError
 from deskpod.jobs.spec import STACK_RE, JobSpec
+from deskpod.jobs.store import private, transaction
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 """A stack's name: what ``stack = "..."`` names (`deskpod.jobs.spec.STACK_RE` less its ``@vN``)."""
@@ -146,8 +146,7 @@ class StackStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        os.close(fd)
+        private(path)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -161,14 +160,8 @@ class StackStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, transaction(self._db) as db:
+            yield db
 
     # versions -----------------------------------------------------------------------------------------------
     def publish(self, name: str, defn: EnvDefinition, *, by: str, cache_dir: Path) -> tuple[StackVersion, bool]:

@@ -50,7 +50,9 @@ def authenticate(store: Store, header: str | None, trust: Trust | None = None) -
         raise AuthError("malformed Authorization header; expected 'Bearer <token>'")
     if looks_like_assertion(token.strip()):
         if trust is None:
-            raise AuthError("a fleet's assertion, but this pod trusts no fleet (its admin: deskpod up --trust-fleet FILE)")
+            raise AuthError(
+                "a fleet's assertion, but this pod trusts no fleet (its admin: deskpod up --trust-fleet FILE)"
+            )
         return fleet_user(store, trust, token.strip())
     user = store.user_by_token_hash(hash_token(token.strip()))
     if user is None:
