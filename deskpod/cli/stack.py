@@ -47,6 +47,7 @@ def register_stack(fleet: argparse._SubParsersAction, client: Callable[[argparse
         command.add_argument(
             "--fleet", metavar="URL", help="the fleet's URL (default: DESKPOD_URL, or the local fleet)"
         )
+        command.set_defaults(client=client)
 
 
 def environment_table(file: Path) -> dict[str, Any]:
