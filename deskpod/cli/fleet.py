@@ -1,7 +1,7 @@
 """``deskpod fleet``: many pods run as one (`deskpod.fleet`).
 
 ``deskpod fleet up`` runs a pod service whose jobs go to member pods; ``add``, ``members``, ``remove`` and ``key``
-manage them. Users submit, list, follow and cancel with the pod commands pointed at the fleet (``deskpod submit
+manage them; ``stack`` publishes and rolls out its stacks (`deskpod.cli.stack`). Users submit, list, follow and cancel with the pod commands pointed at the fleet (``deskpod submit
 --fleet URL``, or ``DESKPOD_URL``).
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.cli.pod import _client
+from deskpod.cli.stack import register_stack
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         if name == "members":
             q.add_argument("--json", action="store_true")
         q.set_defaults(func=globals()[f"fleet_{name}"])
+    register_stack(fs, _client)
 
 
 def _home(args: argparse.Namespace) -> Path:
@@ -66,6 +68,9 @@ def up(args: argparse.Namespace) -> int:
     from deskpod.fleet.executor import FleetExecutor
     from deskpod.fleet.keys import FleetKey
     from deskpod.fleet.members import Members
+    from deskpod.fleet.rollout import FleetLink, Rollouts
+    from deskpod.fleet.stack_api import stack_routes
+    from deskpod.fleet.stacks import StackStore
     from deskpod.jobs.daemon import serve
     from deskpod.jobs.pod import PodConfig
     from deskpod.jobs.store import private
@@ -82,13 +87,17 @@ def up(args: argparse.Namespace) -> int:
     executor = FleetExecutor(Members(home / "pod.db"), key, lease_s=args.lease)
     print(f"deskpod: fleet {key.id}; members trust it with: deskpod up --trust-fleet {home / 'fleet.pub.pem'}",
           flush=True)  # fmt: skip
-    extensions: list[Any] = [routes(executor)]
+    stacks = StackStore(home / "stacks.db")
+    rollouts = Rollouts(stacks, lambda user: [FleetLink(executor.client(m), user) for m in executor.members.all()
+                                              if not m.draining])  # fmt: skip
+    extensions: list[Any] = [routes(executor), stack_routes(stacks, rollouts, lambda: [m.name for m in
+                                                            executor.members.all()], home / "uv-cache")]  # fmt: skip
     if not args.no_dashboard:
         from deskpod.web import dashboard
 
         extensions.append(dashboard)
     env = dataclasses.replace(Environment.read(), token_file=None)  # the fleet's admin token goes to HOME/token
-    return serve(config, env, extensions=extensions, executor=executor)
+    return serve(config, env, extensions=extensions, executor=executor, stacks=stacks)
 
 
 def fleet_add(args: argparse.Namespace) -> int:

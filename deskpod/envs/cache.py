@@ -68,7 +68,7 @@ from typing import IO, Any
 from deskpod.environment import Environment
 from deskpod.environment.files import write_text
 from deskpod.environment.sizes import UNITS
-from deskpod.envs.definition import EnvDefinition, parse_environment
+from deskpod.envs.definition import EnvDefinition, canonical_definition, parse_environment
 from deskpod.envs.index import PackageSources, package_sources
 from deskpod.envs.python import Interpreter, resolve_python
 from deskpod.envs.userfiles import RefusedFile, check_owned, open_beneath, read_beneath, scandir_beneath, stat_beneath
@@ -254,12 +254,8 @@ class EnvCache:
     # -- keys and lookups -----------------------------------------------------------------------------------
     def key(self, defn: EnvDefinition, interp: Interpreter) -> str:
         """The sha256 (hex) of what defines the environment, the interpreter and the installer."""
-        definition = defn.to_json()
-        definition.pop("python", None)  # the interpreter below is what the request resolved to
-        if "packages" in definition:
-            definition["packages"] = sorted(definition["packages"])
         doc = {
-            "definition": definition,
+            "definition": canonical_definition(defn),  # the interpreter below is what the request resolved to
             "python": {"version": interp.version, "implementation": interp.implementation, "platform": interp.platform},
             "installer": self.installer,
         }

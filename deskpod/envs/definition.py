@@ -34,6 +34,8 @@ depends on the box and the folder the build runs in.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import tomllib
 from collections.abc import Mapping
@@ -159,6 +161,23 @@ class EnvDefinition:
         if self.kind == "packages":
             return "".join(r + "\n" for r in self.packages)
         raise ValueError(f"a {self.kind} environment has no requirements list")
+
+
+def canonical_definition(defn: EnvDefinition) -> dict[str, Any]:
+    """What defines the environment's contents, in one canonical form: `EnvDefinition.to_json` without the Python
+    asked for (a cache keys on the interpreter it resolved to), the packages sorted (their order installs the same)."""
+    definition = defn.to_json()
+    definition.pop("python", None)
+    if "packages" in definition:
+        definition["packages"] = sorted(definition["packages"])
+    return definition
+
+
+def content_hash(defn: EnvDefinition) -> str:
+    """The sha256 (hex) of `canonical_definition` and the Python asked for: two definitions with the same hash build
+    the same environment on a box (where `deskpod.envs.cache.EnvCache.key` adds the interpreter it resolved to)."""
+    doc = {"definition": canonical_definition(defn), "python": defn.python}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _bad(key: str, value: object, valid: str) -> ConfigError:

@@ -9,6 +9,9 @@
     routing.py    which member a job goes to and why: a pure function over snapshots
     executor.py   `FleetExecutor`: route, forward, follow (leases), mirror, cancel, logs
     api.py        the fleet's routes beside the pod's: members (add, list, remove), its public key
+    stacks.py     stacks: named, versioned environments a job names (`stack = "..."`), pinned at submission
+    rollout.py    a stack's version built and smoke-tested on each member in turn
+    stack_api.py  the stack routes (publish, status, rollout) and their client
 
 Nothing below ``cli`` imports this package; `deskpod.jobs` knows only assertions and leases.
 """

@@ -37,8 +37,14 @@ class MemberClient:
     def status(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/status", None).json())
 
-    def submit(self, user: str, spec: dict[str, Any], lease_s: float) -> dict[str, Any]:
-        return dict(self._call("POST", "/v1/jobs", user, json=spec, params={"lease": lease_s}).json())
+    def submit(self, user: str, spec: dict[str, Any], lease_s: float | None) -> dict[str, Any]:
+        """Forward a job as ``user``; held by a lease the fleet renews, or (``lease_s`` None: the fleet's own jobs,
+        a stack's smoke job) not held: the member starts it as any job."""
+        params = {} if lease_s is None else {"lease": lease_s}
+        return dict(self._call("POST", "/v1/jobs", user, json=spec, params=params).json())
+
+    def job(self, user: str, job_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/jobs/{job_id}", user).json())
 
     def renew(self, ids: list[str], seconds: float) -> list[dict[str, Any]]:
         """Renew the leases of these forwarded jobs and read the state of each (one request)."""

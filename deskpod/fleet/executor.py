@@ -36,6 +36,7 @@ from deskpod.fleet.keys import FleetKey
 from deskpod.fleet.members import Member, Members
 from deskpod.fleet.routing import Route, Wanted, after, route
 from deskpod.fleet.snapshot import MemberSnapshot, Survey, from_status, unreachable
+from deskpod.fleet.stacks import member_spec
 from deskpod.jobs.executor import ExecutorStatus, PodSide
 from deskpod.jobs.forecast import Forecast
 from deskpod.jobs.scheduler import Waiting, order_key
@@ -209,7 +210,7 @@ class FleetExecutor:
         if m is None:
             return "removed"
         try:
-            got = self.client(m).submit(job.user, job.spec.to_json(), self.lease_s)
+            got = self.client(m).submit(job.user, member_spec(job.spec), self.lease_s)
         except ServiceError as e:  # silent, or failed: an unanswered forward is never confirmed, so never runs there
             self.survey.forget(m.name)
             return str(e)

@@ -201,7 +201,7 @@ def create_app(
     async def _bug(_: Request, e: Exception) -> JSONResponse:
         return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
 
-    spec_schema = SPEC_SCHEMA if pod.isolation is not None else spec_without_environment()
+    spec_schema = spec_document(environment=pod.isolation is not None, stack=pod.stacks is not None)
 
     @app.get("/health", tags=["service"])
     def health() -> dict[str, str]:
@@ -499,10 +499,12 @@ def nesting(data: Any) -> int:
     return protocol.nesting(data, MAX_DEPTH)
 
 
-def spec_without_environment() -> dict[str, Any]:
-    """`SPEC_SCHEMA` for a pod that builds no environments (no isolation): there the field is refused (409)."""
-    props = {k: v for k, v in SPEC_SCHEMA["properties"].items() if k != "environment"}
-    kinds = [{**kind, "properties": {k: v for k, v in kind["properties"].items() if k != "environment"}}
+def spec_document(*, environment: bool, stack: bool) -> dict[str, Any]:
+    """`SPEC_SCHEMA` as this pod takes it: without ``environment`` where it builds no environments (no isolation:
+    the field is refused, 409), without ``stack`` where it is no fleet (the field is refused, 400)."""
+    left_out = {name for name, kept in (("environment", environment), ("stack", stack)) if not kept}
+    props = {k: v for k, v in SPEC_SCHEMA["properties"].items() if k not in left_out}
+    kinds = [{**kind, "properties": {k: v for k, v in kind["properties"].items() if k not in left_out}}
              for kind in SPEC_SCHEMA["oneOf"]]  # fmt: skip
     return {**SPEC_SCHEMA, "properties": props, "oneOf": kinds}
 

@@ -36,7 +36,7 @@ from typing import IO, Any
 from deskpod.environment import Environment
 from deskpod.errors import UsageError
 from deskpod.jobs.executor import Executor
-from deskpod.jobs.pod import Pod, PodConfig
+from deskpod.jobs.pod import Pod, PodConfig, StackResolver
 from deskpod.plan.local import calibration_path
 
 
@@ -176,12 +176,14 @@ def serve(
     *,
     extensions: Sequence[Callable[[Any, Pod], None]] = (),
     executor: Executor | None = None,
+    stacks: StackResolver | None = None,
 ) -> int:
     """Run the pod service until SIGTERM/SIGINT or ``POST /v1/shutdown``; returns the exit code.
 
     ``extensions`` add routes to the service's app (``deskpod up`` hands in the dashboard's); see
     `deskpod.jobs.api.create_app`. ``executor`` runs the jobs (`deskpod.jobs.executor`): by default this box's
-    (`deskpod.jobs.local.LocalExecutor`), or Slurm's (``--backend slurm``).
+    (`deskpod.jobs.local.LocalExecutor`), or Slurm's (``--backend slurm``), or a fleet's. ``stacks`` resolves the
+    ``stack`` a spec names (a fleet's, `deskpod.fleet.stacks`); without it such a spec is refused.
     """
     import uvicorn
 
@@ -236,7 +238,7 @@ def serve(
     if trust is not None:
         print(f"deskpod: pod {config.name!r} trusts fleet(s) {', '.join(sorted(trust.keys))}", flush=True)
     pod = Pod(config, store, executor, device_count=n, device_kind=kind, place=placer, topology=topo,
-              isolation=isolation, confinement=confinement, trust=trust)  # fmt: skip
+              isolation=isolation, confinement=confinement, trust=trust, stacks=stacks)  # fmt: skip
     pod.start()
 
     stop_jobs = [False]

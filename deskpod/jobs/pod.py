@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from deskpod import __version__
 from deskpod.envs.limits import LimitSettings
@@ -101,6 +101,20 @@ class PodConfig:
         return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
 
 
+STACKS_ARE_A_FLEETS = (
+    "stacks are a fleet's: submit to the fleet (deskpod submit --fleet), or give the job its own [environment]"
+)
+
+
+class StackResolver(Protocol):
+    """What a pod that takes ``stack = NAME`` is handed (a fleet's stacks, `deskpod.fleet.stacks`)."""
+
+    def resolve(self, spec: JobSpec) -> JobSpec:
+        """The spec with its stack pinned to a version (``NAME@vN``) and that version's environment, as it is stored:
+        a queued or running job keeps the version it was given. Raises `ConfigError` for an unknown stack."""
+        ...
+
+
 class Pod:
     """Queue, store, users and API of one pod; its executor runs the jobs (`deskpod.jobs.executor`)."""
 
@@ -117,9 +131,12 @@ class Pod:
         topology: Topology | None = None,
         isolation: Isolation | None = None,
         confinement: Confinement | None = None,
+        stacks: StackResolver | None = None,
         trust: Trust | None = None,
     ) -> None:
         self.config, self.store, self.executor, self.clock = config, store, executor, clock
+        self.stacks = stacks
+        """Resolves a spec's ``stack`` (a fleet); None: a spec naming a stack is refused."""
         self.trust = trust
         """The fleets whose assertions this pod accepts (`deskpod.jobs.trust`); None: none."""
         # This box as the API and the dashboard show it (its devices, placement, the walls of its jobs' processes);
@@ -147,6 +164,10 @@ class Pod:
                 "lease: only a fleet's forwarded jobs are held by a lease (this request has no assertion)"
             )
         spec = parse_spec(data, device_count=self.executor.device_count)
+        if spec.stack is not None:
+            if self.stacks is None:
+                raise ConfigError(f"job spec: stack = {spec.stack!r}: {STACKS_ARE_A_FLEETS}")
+            spec = self.stacks.resolve(spec)
         self._check_priority(user, spec)
         now = self.clock()
         lease = None if lease_s is None or user.fleet is None else (user.fleet, now + lease_s)

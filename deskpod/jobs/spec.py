@@ -17,6 +17,7 @@ daemon stores it, so nothing is ever executed from a bad spec::
     nodes = 1                        # on a cluster backend (Slurm): nodes, each with `devices` GPUs
     [env]
     SEED = "1"
+    stack = "pytorch-2.14"           # or: a fleet's stack (deskpod.fleet.stacks), its current version's environment
     [environment]                    # the job's own Python and packages (deskpod.envs), built once, cached
     requirements = "requirements.txt"    # or lock = "uv.lock" / pyproject = "pyproject.toml" / packages = [...]
     python = "3.11"                      # or image = "docker.io/..." (needs podman or enroot)
@@ -79,8 +80,10 @@ MAX_ENV = 256
 
 FIELDS = (
     "name", "command", "train", "serve", "video", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
-    "nodes", "slurm", "environment",
+    "nodes", "slurm", "environment", "stack",
 )  # fmt: skip
+STACK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@v[1-9][0-9]{0,8})?$")
+"""A stack's name (``pytorch-2.14``), or a version of it (``pytorch-2.14@v3``: the form a fleet stores)."""
 MAX_NODES = 4096
 SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues", "max_node_failures", "stage_data",
                 "scratch", "scratch_limit_gb", "env_cache")  # fmt: skip
@@ -125,6 +128,9 @@ class JobSpec:
     """How the job goes to Slurm (`SLURM_FIELDS`, defaults filled in); ignored by a local pod."""
     environment: EnvDefinition | None = None
     """The job's own software environment (`deskpod.envs`); None: the daemon's own Python."""
+    stack: str | None = None
+    """The fleet stack the job runs in: ``NAME`` as submitted, ``NAME@vN`` once a fleet resolved it (with
+    ``environment`` then that version's). Only a fleet takes it (`deskpod.fleet.stacks`); a plain pod refuses it."""
     refused: str | None = None
     """Why a spec the store kept is no longer accepted (`stored_spec`): such a job is listed, never run."""
 
@@ -166,6 +172,8 @@ class JobSpec:
             out["slurm"] = dict(self.slurm)
         if self.environment is not None:
             out["environment"] = self.environment.to_json()
+        if self.stack is not None:
+            out["stack"] = self.stack
         out[self.kind] = list(self.command) if self.kind == "command" else dict(self.what)
         return out
 
@@ -276,6 +284,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         nodes=integer(data, "nodes", 1, 1, MAX_NODES),
         slurm=_slurm(data["slurm"]) if "slurm" in data else {},
         environment=_environment(data.get("environment"), given != ["command"]),
+        stack=_stack(data.get("stack"), given != ["command"], "environment" in data),
     )
 
 
@@ -303,6 +312,24 @@ def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:
             'daemon\'s Python (for your own script in your own packages: command = ["python", "train.py"])'
         )
     return parse_environment(table)
+
+
+def _stack(name: object, deskpod_job: bool, with_environment: bool) -> str | None:
+    """The ``stack`` field: a stack's name, or ``NAME@vN`` (with that version's environment, as a fleet stores it)."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not STACK_RE.match(name):
+        raise bad(
+            "stack", name, 'expected the name of a fleet\'s stack, e.g. stack = "pytorch-2.14" (or "pytorch-2.14@v3")'
+        )
+    if deskpod_job:
+        raise ConfigError("job spec: stack applies to command jobs; a train, serve or video job runs deskpod itself, in"
+                          " the daemon's Python")  # fmt: skip
+    if with_environment and "@" not in name:
+        raise ConfigError(
+            f"job spec: give stack = {name!r} or an [environment], not both: the stack is the environment"
+        )
+    return name
 
 
 def _slurm(t: object) -> dict[str, Any]:
@@ -382,7 +409,7 @@ SPEC_SCHEMA: dict[str, Any] = {
             "required": [kind],
             "properties": {
                 **{k: False for k in KINDS if k != kind},
-                **({} if kind == "command" else {"environment": False}),
+                **({} if kind == "command" else {"environment": False, "stack": False}),
             },
         }
         for kind in KINDS
@@ -409,6 +436,12 @@ SPEC_SCHEMA: dict[str, Any] = {
         "workdir": ABS_PATH,
         "nodes": {"type": "integer", "minimum": 1, "maximum": MAX_NODES},
         "environment": _env_schema(),
+        "stack": {
+            "type": "string",
+            "pattern": STACK_RE.pattern,
+            "example": "pytorch-2.14",
+            "description": "a fleet's stack: the fleet runs the job in its current version's environment",
+        },
         "slurm": {
             "type": "object",
             "additionalProperties": False,

@@ -182,6 +182,19 @@ def private(path: Path) -> None:
         os.close(fd)
 
 
+@contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on ``db`` (opened with ``isolation_level=None``): committed when the block ends, rolled
+    back when it raises. The caller holds whatever lock serialises its connection."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
 class Store:
     """All reads and writes of the pod's state; every method is one transaction."""
 
@@ -228,13 +241,8 @@ class Store:
         """One write transaction; ``jobs`` are the jobs it may change (for `touched`, and the queue view, which
         reads their rows again unless ``refresh`` is false: the caller then keeps the view itself)."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+            with transaction(self._db) as db:
+                yield db
             self.version += 1
             if len(self._touched) > 100_000:
                 self._touched.clear()  # readers then see version 0 != theirs and read once more
