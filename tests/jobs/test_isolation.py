@@ -86,7 +86,12 @@ def test_local_users_are_told_apart_by_the_kernel_and_their_jobs_walled_off(
     pod: Pod, users: tuple[Account, Account]
 ) -> None:
     ann, ben = users
-    assert as_user(ann, on_socket(pod, lambda c: c.whoami())) == {"name": ann.name, "admin": False, "runs_as": ann.name}
+    assert as_user(ann, on_socket(pod, lambda c: c.whoami())) == {
+        "name": ann.name,
+        "admin": False,
+        "runs_as": ann.name,
+        "fleet": None,
+    }
     assert as_user(ben, on_socket(pod, lambda c: c.whoami()))["name"] == ben.name
 
     secret = "open('secret.txt', 'w').write('ann only'); import time; time.sleep(600)"
