@@ -100,7 +100,7 @@ def test_the_core_installs_no_library_of_an_extra(lean: Lean) -> None:
 
 def test_every_module_outside_the_extras_imports(lean: Lean) -> None:
     """Core modules import no library of an extra when they are imported (they may inside a function); only
-    modules of deskpod.lung, deskpod.serve and deskpod.video may need one, and only one of an extra's."""
+    modules of deskpod.lung, deskpod.serve, deskpod.video and deskpod.fleet may need one, and only one of an extra's."""
     code = (
         "import importlib, json, pkgutil, deskpod\n"
         "missing = {}\n"
@@ -117,8 +117,9 @@ def test_every_module_outside_the_extras_imports(lean: Lean) -> None:
     doc = json.loads(got.stdout)
     assert doc["file"].startswith(str(lean.root / "venv")), doc["file"]  # the installed copy, not this checkout
     extra_modules = {m.split(".")[0] for mods in EXTRAS.values() for m in mods}
+    apps = ("deskpod.lung.", "deskpod.serve.", "deskpod.video.", "deskpod.fleet.")
     for module, needs in doc["missing"].items():
-        assert module.startswith(("deskpod.lung.", "deskpod.serve.", "deskpod.video.")), (module, needs)
+        assert module.startswith(apps), (module, needs)
         assert needs.split(".")[0] in extra_modules, (module, needs)
     assert any(m.startswith("deskpod.lung.") for m in doc["missing"])  # the extras are really absent
 

@@ -48,6 +48,9 @@ S = JobState
 FOLLOWED = (S.QUEUED, S.STARTING, S.BUILDING, S.RUNNING)
 SKEW = 2.0
 """Seconds the member's clock may be behind the fleet's: it accepts an assertion until its ``exp`` by its own clock."""
+HURRY_S = 5.0
+"""After a job is sent, its member is followed on every tick of the pod's loop for this long (the confirmation,
+then the start, come within it), not once a poll."""
 MANY = 1_000_000
 """No limit on the jobs a tick reads from the store."""
 
@@ -83,6 +86,7 @@ class FleetExecutor:
         """Member -> since when it does not answer."""
         self._last_follow = 0.0
         self._last_route = 0.0
+        self._hurry_until = 0.0
 
     # members ---------------------------------------------------------------------------------------
     def client(self, member: Member) -> MemberClient:
@@ -174,7 +178,9 @@ class FleetExecutor:
             self._last_route = now
             queued = [j for j in pod.store.jobs(states=[S.QUEUED], limit=MANY) if not j.external]
             sent = bool(queued) and self._route(pod, queued)
-        if sent or woken or now - self._last_follow >= self.poll_s:
+            if sent:
+                self._hurry_until = now + HURRY_S
+        if sent or woken or now < self._hurry_until or now - self._last_follow >= self.poll_s:
             self._last_follow = now
             self._follow(pod)
 
