@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.add_argument("--priority-limit", type=int, default=0, help="the highest job priority a non-admin may ask for")
     q.add_argument("--lease", type=float, default=15.0,
                    help="seconds a member may start a forwarded job without hearing from the fleet (default 15)")  # fmt: skip
+    q.add_argument("--health-every", type=float, default=300.0, metavar="SECONDS",
+                   help="ask each member's doctor this often (default 300; 0: never); a failing member gets no jobs")  # fmt: skip
     q.add_argument("--detach", action="store_true", help="run in the background; output to HOME/daemon.log")
     q.add_argument("--no-dashboard", action="store_true", help="serve only the REST API")
     q.set_defaults(func=up)
@@ -77,6 +80,8 @@ def up(args: argparse.Namespace) -> int:
 
     if not 1 <= args.lease <= 3600:
         raise ConfigError(f"--lease {args.lease:g}: expected seconds from 1 to 3600")
+    if not (args.health_every == 0 or 1 <= args.health_every <= 86400):
+        raise ConfigError(f"--health-every {args.health_every:g}: expected seconds from 1 to 86400, or 0 for never")
     home = _home(args)
     config = PodConfig(home=home, host=args.host, port=args.port, priority_limit=args.priority_limit,
                        socket=args.socket.expanduser().resolve() if args.socket else None)  # fmt: skip
@@ -84,10 +89,11 @@ def up(args: argparse.Namespace) -> int:
         return _detach(args, home)
     key = FleetKey.in_home(home)
     private(home / "pod.db")
-    executor = FleetExecutor(Members(home / "pod.db"), key, lease_s=args.lease)
+    stacks = StackStore(home / "stacks.db")
+    executor = FleetExecutor(Members(home / "pod.db"), key, lease_s=args.lease, health_s=args.health_every,
+                             stacks=stacks)  # fmt: skip
     print(f"deskpod: fleet {key.id}; members trust it with: deskpod up --trust-fleet {home / 'fleet.pub.pem'}",
           flush=True)  # fmt: skip
-    stacks = StackStore(home / "stacks.db")
     rollouts = Rollouts(stacks, lambda user: [FleetLink(executor.client(m), user) for m in executor.members.all()
                                               if not m.draining])  # fmt: skip
     extensions: list[Any] = [routes(executor), stack_routes(stacks, rollouts, lambda: [m.name for m in
@@ -162,6 +168,17 @@ def describe(m: dict[str, Any]) -> str:
             + (f"; held {who}" if who else "")
         )
     parts.append(f"queued {m['queued']}, running {m['running']}")
+    use = m.get("usage") or {}
+    shown = [f"{label} {use[k]:g}%" for k, label in (("gpu", "GPU"), ("gpu_memory", "GPU memory"), ("cpu", "CPU"),
+                                                     ("memory", "memory"), ("held", "devices held"))
+             if use.get(k) is not None]  # fmt: skip
+    if shown:
+        parts.append("use: " + ", ".join(shown))
     sw = m["software"]
     parts.append(", ".join(f"{k} {sw.get(k) or '-'}" for k in ("deskpod", "torch", "cuda", "driver")))
-    return ("DRAINING  " if m["draining"] else "") + " | ".join(parts)
+    parts.append("stacks: " + (", ".join(m.get("stacks") or []) or "none"))
+    health = m.get("health")
+    when = "" if health is None else f" at {time.strftime('%H:%M:%S', time.localtime(health['at']))}"
+    parts.append("health: " + ("not checked yet" if health is None else health["text"] + when))
+    state = "DRAINING  " if m["draining"] else ""
+    return state + ("UNHEALTHY  " if health is not None and health["state"] == "failed" else "") + " | ".join(parts)

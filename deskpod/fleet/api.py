@@ -1,6 +1,7 @@
 """The fleet's own routes, added to its pod service's app (an extension for `deskpod.jobs.api.create_app`)::
 
-GET  /v1/fleet/members                every member: reachable, devices and who holds them, queue, software
+GET  /v1/fleet/members                every member: reachable, devices and who holds them, use, queue, software,
+                                      stacks it has, its last health check
 POST /v1/fleet/members                {"name", "url"}: add a member (admin); checked first, else nothing stored
 POST /v1/fleet/members/{name}/remove  {"force": false}: drain it (admin); gone once the fleet's jobs there ended
 GET  /v1/fleet/key                    the fleet's id and public key (what a member trusts: --trust-fleet)
@@ -31,7 +32,8 @@ def routes(executor: FleetExecutor) -> Callable[[FastAPI, Pod], None]:
 
         @app.get("/v1/fleet/members", tags=["fleet"], responses=errors(403))
         def list_members(user: Caller, fresh: bool = False) -> dict[str, Any]:
-            """Every member as it answered (asked at once, answers kept two seconds; ``fresh`` asks again)."""
+            """Every member as it answered (asked at once, answers kept two seconds; ``fresh`` asks again), with the
+            fleet's own knowledge of it: its last health check, the stacks it has."""
             return {"fleet": executor.key.id, "members": [s.to_json() for s in executor.snapshots(fresh=fresh)]}
 
         @app.get("/v1/fleet/key", tags=["fleet"], responses=errors(403))
@@ -68,6 +70,7 @@ def routes(executor: FleetExecutor) -> Callable[[FastAPI, Pod], None]:
             if not members.add(name, url, audience):
                 raise ConflictError(f"member {name!r} exists already")
             executor.survey.forget(name)
+            executor.health_checks.forget(name)
             return {"name": name, "url": url, "audience": audience}
 
         @app.post("/v1/fleet/members/{name}/remove", tags=["fleet"], responses=errors(400, 403, 404, 413))
@@ -86,6 +89,7 @@ def routes(executor: FleetExecutor) -> Callable[[FastAPI, Pod], None]:
             if force or not held:
                 members.remove(name)
                 executor.survey.forget(name)
+                executor.health_checks.forget(name)
                 return {"name": name, "removed": True, "jobs": len(held)}
             members.drain(name)
             executor.survey.forget(name)

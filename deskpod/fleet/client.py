@@ -11,10 +11,14 @@ import httpx
 from deskpod.fleet.keys import FleetKey
 from deskpod.fleet.members import Member
 from deskpod.jobs.client import PodClient
+from deskpod.jobs.doctor import TIMEOUT_S
 
 RENEW_S = 5.0
 """Timeout, and assertion lifetime, of a lease renewal: a renewal is void once its assertion expired, so the fleet
 knows by when at the latest one that got no answer could still have reached the member (`FleetExecutor`)."""
+
+DOCTOR_S = TIMEOUT_S + 20
+"""Timeout of a doctor request: the member stops its doctor at `deskpod.jobs.doctor.TIMEOUT_S`."""
 
 
 class MemberClient:
@@ -36,6 +40,10 @@ class MemberClient:
 
     def status(self) -> dict[str, Any]:
         return dict(self._call("GET", "/v1/status", None).json())
+
+    def doctor(self, max_age: float) -> dict[str, Any]:
+        """Its doctor's answer (`deskpod.jobs.doctor`), no older than ``max_age`` seconds: a run takes seconds."""
+        return dict(self._call("GET", "/v1/doctor", None, params={"max_age": max_age}, timeout=DOCTOR_S).json())
 
     def submit(self, user: str, spec: dict[str, Any], lease_s: float | None) -> dict[str, Any]:
         """Forward a job as ``user``; held by a lease the fleet renews, or (``lease_s`` None: the fleet's own jobs,

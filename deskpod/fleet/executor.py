@@ -9,7 +9,9 @@ pods. Each tick:
 - **follow** the forwarded jobs with one request per member (``POST /v1/leases``): it renews the leases of those
   not yet started (the first renewal confirms a forward: only then may the member start it) and says every job's
   state, which the fleet's copy is moved to (`deskpod.jobs.states`: the same table, step by step);
-- carry out **stop requests** (a cancel, a requeue) by forwarding them; logs are read from the member.
+- carry out **stop requests** (a cancel, a requeue) by forwarding them; logs are read from the member;
+- start the **health checks** that are due (`deskpod.fleet.health`: each member's doctor, every ``health_s``
+  seconds, in the background); a member whose last one failed gets no new jobs.
 
 **A job never runs twice.** A member starts a forwarded job only while its lease holds, and cancels it unstarted
 once the lease ran out (`deskpod.jobs.pod.Pod.expire_leases`). When a member stops answering, its jobs that had not
@@ -28,15 +30,17 @@ import traceback
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from deskpod.errors import ConflictError, DeskpodError, ServiceError, UsageError
 from deskpod.fleet.client import RENEW_S, MemberClient, health
+from deskpod.fleet.health import HealthCheck, HealthChecks, from_doctor
 from deskpod.fleet.keys import FleetKey
 from deskpod.fleet.members import Member, Members
 from deskpod.fleet.routing import Route, Wanted, after, route
 from deskpod.fleet.snapshot import MemberSnapshot, Survey, from_status, unreachable
-from deskpod.fleet.stacks import member_spec
+from deskpod.fleet.stacks import StackStore, member_spec
 from deskpod.jobs.executor import ExecutorStatus, PodSide
 from deskpod.jobs.forecast import Forecast
 from deskpod.jobs.scheduler import Waiting, order_key
@@ -53,6 +57,8 @@ HURRY_S = 5.0
 then the start, come within it), not once a poll."""
 MANY = 1_000_000
 """No limit on the jobs a tick reads from the store."""
+HEALTH_S = 300.0
+"""Seconds between two health checks of a member (``deskpod fleet up --health-every``)."""
 
 
 def wanted(spec: JobSpec) -> Wanted:
@@ -74,10 +80,16 @@ class FleetExecutor:
     device_count = None  # devices = "all" is a whole member's, whichever it is
 
     def __init__(
-        self, members: Members, key: FleetKey, *, lease_s: float = 15.0, poll_s: float = 1.0, ttl: float = 2.0
-    ) -> None:
+        self, members: Members, key: FleetKey, *, lease_s: float = 15.0, poll_s: float = 1.0, ttl: float = 2.0,
+        health_s: float = HEALTH_S, stacks: StackStore | None = None,
+    ) -> None:  # fmt: skip
         self.members, self.key, self.lease_s, self.poll_s = members, key, lease_s, poll_s
         self.survey = Survey(self._ask, ttl=ttl)
+        self.health_checks = HealthChecks(self._doctor, health_s)
+        """Each member's last health check, asked every ``health_s`` seconds (0: never)."""
+        self.stacks = stacks
+        """The fleet's stacks, whose records say which versions each member has (None: no stacks)."""
+        self._last_health = 0.0
         self._clients: dict[str, MemberClient] = {}
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="deskpod-fleet")
         self._held: dict[int, float] = {}
@@ -105,9 +117,20 @@ class FleetExecutor:
         except DeskpodError as e:
             return unreachable(m.name, m.url, str(e), now, m.draining)
 
+    def _doctor(self, name: str, max_age: float) -> HealthCheck:
+        m = self.members.get(name)
+        if m is None:
+            return HealthCheck(state="unknown", at=time.time(), error="no such member")
+        return from_doctor(self.client(m).doctor(max_age), time.time())
+
     def snapshots(self, *, fresh: bool = False) -> list[MemberSnapshot]:
         """Every member's snapshot (asked at once, cached `Survey.ttl` seconds)."""
-        return self.survey.snapshots([m.name for m in self.members.all()], fresh=fresh)
+        return self._known(self.survey.snapshots([m.name for m in self.members.all()], fresh=fresh))
+
+    def _known(self, snaps: list[MemberSnapshot]) -> list[MemberSnapshot]:
+        """The snapshots with what the fleet itself knows of each member: its last health check, its stacks."""
+        built = self.stacks.built() if self.stacks is not None else {}
+        return [replace(s, health=self.health_checks.get(s.name), stacks=tuple(built.get(s.name, ()))) for s in snaps]
 
     # Executor ------------------------------------------------------------------------------------
     def check(self, spec: JobSpec, user: User) -> int:
@@ -118,7 +141,7 @@ class FleetExecutor:
             raise ConflictError(
                 "this fleet has no members to run jobs on: its admin adds one with deskpod fleet add NAME URL"
             )
-        snaps = self.survey.snapshots([m.name for m in members])
+        snaps = self._known(self.survey.snapshots([m.name for m in members]))
         if all(s.reachable for s in snaps):
             r = route(wanted(spec), snaps, time.time())
             if r.member is None:
@@ -142,6 +165,7 @@ class FleetExecutor:
     def close(self, pod: PodSide, *, stop_jobs: bool) -> None:
         """Nothing to stop: the jobs are the members'; the next fleet process follows them again."""
         self.survey.close()
+        self.health_checks.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for c in self._clients.values():
             c.close()
@@ -174,6 +198,9 @@ class FleetExecutor:
     def tick(self, pod: PodSide, *, woken: bool) -> None:
         now = time.time()
         sent = False
+        if now - self._last_health >= 1.0:  # whose health check is due: asked in the background
+            self._last_health = now
+            self.health_checks.start_due([m.name for m in self.members.all() if not m.draining], now)
         if woken or now - self._last_route >= self.poll_s:  # the queue is read at most once a poll, or when it changed
             self._last_route = now
             queued = [j for j in pod.store.jobs(states=[S.QUEUED], limit=MANY) if not j.external]

@@ -2,7 +2,8 @@
 
 In order:
 
-1. **Who may take it.** A member that does not answer, or is being removed (draining), gets nothing.
+1. **Who may take it.** A member that does not answer, is being removed (draining), or whose last health check
+   failed (its ``deskpod doctor``, asked on a schedule: `deskpod.fleet.health`) gets nothing.
 2. **Fit.** Its devices: enough of them (``box-c: has 2 GPUs, the job needs 4``), and a set the job's placement
    policy accepts on the member's own topology — ``best`` wants NVLink-connected GPUs wherever the machine has
    such a set (`deskpod.hardware.placement.place`, the member's own placement). A cluster member fits a job its
@@ -80,6 +81,8 @@ def _judge(job: Wanted, m: MemberSnapshot, now: float) -> tuple[str, _Option | N
         return f"unreachable ({m.error})", None
     if m.draining:
         return "draining (being removed): no new jobs", None
+    if m.health is not None and m.health.failed:
+        return f"failed its health check ({'; '.join(m.health.failing) or 'a check failed'}): no new jobs", None
     if m.backend == "slurm":
         return _cluster(job, m)
     topo = m.topology

@@ -3,7 +3,8 @@
 `Survey` asks every member at once (a thread each) and keeps the answers `Survey.ttl` seconds, so that the
 members view, the routing of a burst of jobs and the dashboard cost one round of requests, not one per use. Routing
 (`deskpod.fleet.routing`) and ``deskpod fleet members`` read only snapshots: a new check of a member (a doctor run,
-stacks built) is a new field here, filled from its answer.
+stacks built) is a new field here, filled from its answer or, for what the fleet itself knows of the member (its
+health checks, the stacks it built), by the fleet when it reads the snapshots (`deskpod.fleet.executor`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from deskpod.errors import DeskpodError
+from deskpod.fleet.health import HealthCheck
 from deskpod.hardware.topology import Topology, cpu_topology
 
 
@@ -56,6 +58,21 @@ class MemberSnapshot:
     """A cluster's partitions: (name, nodes, GPUs per node)."""
     software: Mapping[str, str | None] = field(default_factory=dict)
     """``deskpod``, ``torch``, ``cuda``, ``driver`` versions (None: not there)."""
+    usage: Mapping[str, float | None] = field(default_factory=dict)
+    """Its use when asked (`deskpod.jobs.pod.Pod.usage`): ``gpu`` and ``gpu_memory`` (mean percents, None without
+    NVML), ``cpu`` and ``memory`` (percents), ``load`` (1-minute load average)."""
+    stacks: tuple[str, ...] = ()
+    """The fleet's stacks it has, ``NAME@vN`` each: the newest version whose smoke job passed there (the fleet's own
+    records, `deskpod.fleet.stacks.StackStore.built`)."""
+    health: HealthCheck | None = None
+    """Its last health check (`deskpod.fleet.health`); None: not checked yet."""
+
+    @property
+    def held(self) -> float | None:
+        """Percent of its devices held by jobs (None: it shows none)."""
+        return (
+            round(100 * sum(d.job is not None for d in self.devices) / len(self.devices), 1) if self.devices else None
+        )
 
     @property
     def free_now(self) -> list[int]:
@@ -68,6 +85,8 @@ class MemberSnapshot:
             "devices": [{"index": d.index, "job": d.job, "user": d.user} for d in self.devices],
             "machine": self.topology.name if self.topology is not None else None,
             "queued": self.queued, "running": self.running, "software": dict(self.software),
+            "usage": {**self.usage, "held": self.held}, "stacks": list(self.stacks),
+            "health": None if self.health is None else self.health.to_json(),
             "partitions": [{"name": n, "nodes": k, "gpus_per_node": g} for n, k, g in self.partitions],
             "asked_at": self.asked_at,
         }  # fmt: skip
@@ -87,7 +106,7 @@ def from_status(name: str, url: str, status: Mapping[str, Any], asked_at: float,
         backend=str(backend.get("name", "local")),
         partitions=tuple((str(p["name"]), int(p["nodes"]), int(p["gpus_per_node"]))
                          for p in backend.get("partitions", [])),
-        software=dict(status.get("software") or {}),
+        software=dict(status.get("software") or {}), usage=dict(status.get("usage") or {}),
     )  # fmt: skip
 
 

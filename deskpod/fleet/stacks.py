@@ -286,8 +286,7 @@ class StackStore:
                 by_member.setdefault(b.member, []).append(b)
             rows = []
             for member, builds in by_member.items():
-                passed_hashes = {b.hash for b in builds if b.outcome == "passed"}
-                has = next((v for v in reversed(versions) if v.hash in passed_hashes), None)
+                has = _has(versions, builds)
                 last = builds[-1] if builds else None
                 rows.append({
                     "member": member,
@@ -299,6 +298,27 @@ class StackStore:
                 })  # fmt: skip
             out.append({"name": name, "current": current.to_json(), "versions": len(versions), "members": rows})
         return out
+
+    def built(self) -> dict[str, list[str]]:
+        """Each member that has a stack: the versions it has (``NAME@vN``, as `status` says), by stack name."""
+        out: dict[str, list[str]] = {}
+        for name in self.names():
+            versions = self.versions(name)
+            by_member: dict[str, list[MemberBuild]] = {}
+            for b in self.builds(name):
+                by_member.setdefault(b.member, []).append(b)
+            for member, builds in by_member.items():
+                has = _has(versions, builds)
+                if has is not None:
+                    out.setdefault(member, []).append(has.ref)
+        return out
+
+
+def _has(versions: Sequence[StackVersion], builds: Sequence[MemberBuild]) -> StackVersion | None:
+    """The version a member has: the newest whose contents passed there (a rollback to contents it passed before
+    needs no rollout to count)."""
+    passed = {b.hash for b in builds if b.outcome == "passed"}
+    return next((v for v in reversed(versions) if v.hash in passed), None)
 
 
 def member_spec(spec: JobSpec) -> dict[str, Any]:

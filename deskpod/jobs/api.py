@@ -36,6 +36,7 @@ from deskpod.errors import (
     UsageError,
 )
 from deskpod.jobs import auth, metrics
+from deskpod.jobs.doctor import MAX_AGE_S
 from deskpod.jobs.pod import Pod
 from deskpod.jobs.spec import SPEC_SCHEMA
 from deskpod.jobs.states import JobState
@@ -315,6 +316,18 @@ def create_app(
         """Each device: free, or which job and user holds it; queue and running counts; the pod's ``settings``
         (`PodConfig`: what each ``deskpod up`` flag set)."""
         return {**pod.status(), **pod.outlook(), "settings": pod.config.to_json()}
+
+    @app.get("/v1/doctor", tags=["service"], responses=errors(403, 422))
+    async def doctor(
+        user: Caller,
+        max_age: Annotated[float, Query(ge=0, le=86400, description="seconds a kept report may be old")] = MAX_AGE_S,
+    ) -> dict[str, Any]:
+        """This box's ``deskpod doctor`` (a cluster's ``--cluster`` behind a Slurm login node): the kept report when
+        younger than ``max_age``, else a new run's (seconds). An admin's, or a trusted fleet's acting as itself."""
+        if not auth.fleet_itself(user):
+            auth.require_admin(user)
+        answer = await run_in_threadpool(pod.doctor.latest, max_age)
+        return {"name": pod.config.name, **answer.to_json()}
 
     @app.get("/metrics", tags=["service"], response_class=PlainTextResponse, responses=errors(403))
     def prometheus(user: Caller) -> Response:

@@ -28,7 +28,9 @@ from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError
 from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
+from deskpod.hardware.usage import UsageSampler
 from deskpod.jobs.confinement import Confinement
+from deskpod.jobs.doctor import Doctor
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast
 from deskpod.jobs.isolation import Isolation
@@ -147,11 +149,14 @@ class Pod:
         self.isolation = isolation
         self.accounts = isolation.accounts if isolation is not None else None
         self.confinement = confinement
+        self.doctor = Doctor(cluster=executor.name == "slurm")
+        """This box's doctor (a cluster's, behind a Slurm login node), for ``GET /v1/doctor``."""
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.stopping = threading.Event()
         """Set when the service begins to shut down: long-lived answers (live page streams) end then."""
         self._thread: threading.Thread | None = None
+        self._usage: UsageSampler | None = None
 
     # API side --------------------------------------------------------------------------------
     def submit(self, user: User, data: object, *, lease_s: float | None = None) -> JobRecord:
@@ -330,7 +335,25 @@ class Pod:
                         format_topo_matrix(t, legend=False), "partitions": [[p, [list(b) for b in bs]] for p, bs in
                         t.partitions]}  # fmt: skip
         return {"name": self.config.name, "software": software(), "topology": topology,
-                "free": [[max(0.0, t - now), k] for t, k in profile]}  # fmt: skip
+                "free": [[max(0.0, t - now), k] for t, k in profile], "usage": self.usage()}  # fmt: skip
+
+    def usage(self) -> dict[str, float | None]:
+        """This box's use now, in brief (`deskpod.hardware.usage`): mean GPU utilization and the share of GPU
+        memory used (None without NVML), all cores' CPU utilization, the share of host memory used (percents), and
+        the 1-minute load average."""
+        if self._usage is None:
+            self._usage = UsageSampler()
+        u = self._usage.latest()
+        utils = [g.utilization for g in u.gpus if g.utilization is not None]
+        used = sum(g.memory_used or 0 for g in u.gpus)
+        total = sum(g.memory_total or 0 for g in u.gpus if g.memory_used is not None)
+        return {
+            "gpu": round(sum(utils) / len(utils), 1) if utils else None,
+            "gpu_memory": round(100 * used / total, 1) if total else None,
+            "cpu": u.cpu,
+            "memory": round(100 * u.memory_used / u.memory_total, 1) if u.memory_used and u.memory_total else None,
+            "load": None if u.load is None else u.load[0],
+        }
 
 
 _SOFTWARE: dict[str, str | None] = {}

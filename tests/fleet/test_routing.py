@@ -112,3 +112,23 @@ def test_a_snapshot_is_read_from_a_members_status() -> None:
 def test_waits_read_as_words() -> None:
     assert [about(s) for s in (0.2, 45, 600, 5400, 7200, 36000)] == [
         "about 1 s", "about 45 s", "about 10 min", "about 1.5 h", "about 2.0 h", "about 10 h"]  # fmt: skip
+
+
+def test_a_member_whose_health_check_failed_gets_no_job_until_one_passes() -> None:
+    from dataclasses import replace
+
+    from deskpod.fleet.health import HealthCheck
+
+    sick = HealthCheck(state="failed", at=NOW, failing=("all all-reduce: RuntimeError: no address for nosuch0",))
+    big = replace(box("big", "dgx1-v100"), health=sick)  # 8 GPUs free: it would win
+    small = box("small", "dgx-station", {0: "1", 1: "1"})
+    r = route(Wanted(2), [big, small], NOW)
+    assert r.member == "small"
+    assert r.reasons["big"] == (
+        "failed its health check (all all-reduce: RuntimeError: no address for nosuch0): no new jobs"
+    )
+    assert route(Wanted(2), [big], NOW).member is None
+    unknown = HealthCheck(state="unknown", at=NOW, error="doctor: timed out")  # not asked: not taken off
+    assert route(Wanted(2), [replace(big, health=unknown), small], NOW).member == "big"
+    healed = replace(sick, state="passed", failing=(), at=NOW + 60)
+    assert route(Wanted(2), [replace(big, health=healed), small], NOW).member == "big"
