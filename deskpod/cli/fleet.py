@@ -99,9 +99,12 @@ def up(args: argparse.Namespace) -> int:
     extensions: list[Any] = [routes(executor), stack_routes(stacks, rollouts, lambda: [m.name for m in
                                                             executor.members.all()], home / "uv-cache")]  # fmt: skip
     if not args.no_dashboard:
-        from deskpod.web import dashboard
+        from deskpod.web import fleet_dashboard
+        from deskpod.web.fleet import FleetSource
 
-        extensions.append(dashboard)
+        source = FleetSource(members=lambda fresh: [s.to_json() for s in executor.snapshots(fresh=fresh)],
+                             stacks=lambda: stacks.status([m.name for m in executor.members.all()]))  # fmt: skip
+        extensions.append(fleet_dashboard(source))
     env = dataclasses.replace(Environment.read(), token_file=None)  # the fleet's admin token goes to HOME/token
     return serve(config, env, extensions=extensions, executor=executor, stacks=stacks)
 

@@ -135,13 +135,13 @@ class FleetExecutor:
     # Executor ------------------------------------------------------------------------------------
     def check(self, spec: JobSpec, user: User) -> int:
         """Refuse a job no member can ever run (when every member answered); a member that does not answer now
-        may return, so a fleet with one such member queues the job."""
+        may return, and one whose health check failed may pass the next, so such a member may still take it."""
         members = [m for m in self.members.all() if not m.draining]
         if not members:
             raise ConflictError(
                 "this fleet has no members to run jobs on: its admin adds one with deskpod fleet add NAME URL"
             )
-        snaps = self._known(self.survey.snapshots([m.name for m in members]))
+        snaps = [replace(s, health=None) for s in self.survey.snapshots([m.name for m in members])]
         if all(s.reachable for s in snaps):
             r = route(wanted(spec), snaps, time.time())
             if r.member is None:

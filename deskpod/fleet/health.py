@@ -5,7 +5,9 @@ once, and keeps the last answer of each as a `HealthCheck`.
 A member whose doctor failed a check is ``failed``: routing sends it no new jobs (`deskpod.fleet.routing`) and the
 members view shows the failing check; its next passing check makes it ``passed`` again, and it gets jobs again. A
 member whose doctor could not be asked (it does not answer, or runs a deskpod without the endpoint) is ``unknown``:
-its reachability is the survey's business, and a box is not taken off for a question it could not be asked.
+its reachability is the survey's business, and a box is not taken off for a question it could not be asked. A
+verdict stands until the doctor answers again: a failed member that restarts gets no jobs before its first passing
+check.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from deskpod.errors import DeskpodError
@@ -35,7 +37,7 @@ class HealthCheck:
     failing: tuple[str, ...] = ()
     """The failed checks, one line each (``all all-reduce: RuntimeError: ...``)."""
     error: str = ""
-    """Why the doctor could not be asked (``unknown``)."""
+    """Why the doctor could not be asked (``unknown``); beside an earlier verdict, why it was not renewed."""
 
     @property
     def failed(self) -> bool:
@@ -43,9 +45,10 @@ class HealthCheck:
 
     def text(self) -> str:
         """In words: ``passed``, ``FAILED: all all-reduce: ...``, ``unknown (...)``."""
-        if self.state == "failed":
-            return "FAILED: " + "; ".join(self.failing or ("a check failed",))
-        return f"unknown ({self.error})" if self.state == "unknown" else "passed"
+        if self.state == "unknown":
+            return f"unknown ({self.error})"
+        said = "FAILED: " + "; ".join(self.failing or ("a check failed",)) if self.state == "failed" else "passed"
+        return said + (f" (not answered since: {self.error})" if self.error else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state, "at": self.at, "checked_at": self.checked_at, "failing": list(self.failing),
@@ -109,4 +112,7 @@ class HealthChecks:
             got = HealthCheck(state="unknown", at=time.time(), error=f"{type(e).__name__}: {e}")
         with self._lock:
             self._asking.discard(name)
+            last = self._checks.get(name)
+            if got.state == "unknown" and last is not None and last.state != "unknown":
+                got = replace(last, at=got.at, error=got.error)  # a verdict stands until the doctor answers again
             self._checks[name] = got

@@ -14,9 +14,10 @@ the internet. Every page has a JSON twin (the same path with ``.json``) holding 
     /ui/new               new training in three steps: dataset, network, train
     /ui/compare?jobs=a,b  curves of several runs overlaid, and how their configs differ
     /ui/models            deployed models; deploy a run, try it on an image
+    /ui/fleet             a fleet's members, stacks and jobs (on a fleet's dashboard only)
 
-`dashboard` is the extension ``deskpod up`` hands the daemon (`deskpod.jobs.daemon.serve`); the
-rest of deskpod never imports this package.
+`dashboard` is the extension ``deskpod up`` hands the daemon (`deskpod.jobs.daemon.serve`), `fleet_dashboard`
+the one ``deskpod fleet up`` hands it; the rest of deskpod never imports this package.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fastapi import FastAPI
 
     from deskpod.jobs.pod import Pod
+    from deskpod.web.fleet import FleetSource
 
 
 def dashboard(app: FastAPI, pod: Pod) -> None:
@@ -34,3 +38,14 @@ def dashboard(app: FastAPI, pod: Pod) -> None:
     from deskpod.web.app import mount
 
     mount(app, pod)
+
+
+def fleet_dashboard(source: FleetSource) -> Callable[[FastAPI, Pod], None]:
+    """The extension ``deskpod fleet up`` hands its daemon: the dashboard with the Fleet page over ``source``."""
+
+    def dashboard(app: FastAPI, pod: Pod) -> None:  # named so: the daemon says where the dashboard is
+        from deskpod.web.app import mount
+
+        mount(app, pod, source)
+
+    return dashboard

@@ -11,7 +11,7 @@ import importlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +42,9 @@ from deskpod.web.session import (
     set_session_cookie,
     viewer,
 )
+
+if TYPE_CHECKING:
+    from deskpod.web.fleet import FleetSource
 
 PAGES = (
     "deskpod.web.home",
@@ -81,8 +84,8 @@ class Web:
         return self.pod.run_dir(job)
 
 
-def mount(api: FastAPI, pod: Pod) -> None:
-    """Add the dashboard to the pod service's ``api`` app."""
+def mount(api: FastAPI, pod: Pod, fleet: FleetSource | None = None) -> None:
+    """Add the dashboard to the pod service's ``api`` app; a fleet's (``fleet``) has the Fleet page too."""
     app = FastAPI(title="deskpod dashboard", openapi_url=None, docs_url=None, redoc_url=None)
     web = Web(pod)
     app.state.web = web
@@ -91,6 +94,10 @@ def mount(api: FastAPI, pod: Pod) -> None:
     _sign_in(app, web)
     for name in PAGES:
         importlib.import_module(name).register(app, web)
+    if fleet is not None:
+        from deskpod.web.fleet import register
+
+        register(app, web, fleet)
     api.mount(ROOT, app)
 
     @api.get("/", include_in_schema=False)

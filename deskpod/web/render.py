@@ -161,8 +161,9 @@ def page(
     path = request.url.path
     twin_url = f"{path}pod.json" if path.endswith("/") else f"{path}.json"
     html = TEMPLATES.get_template(template).render(
-        data=data, viewer=viewer, title=title, path=path, twin=twin_url, query=str(request.url.query), **(extra or {})
-    )
+        data=data, viewer=viewer, title=title, path=path, twin=twin_url, query=str(request.url.query),
+        fleet=bool(getattr(request.app.state, "fleet", False)), **(extra or {}),
+    )  # fmt: skip
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
 

@@ -154,19 +154,20 @@ class Pods:
         self.made: list[Pod] = []
 
     def __call__(
-        self, *args: str, home: Path | None = None, port: int | None = None, sandbox: bool = False, fleet: bool = False
-    ) -> Pod:
+        self, *args: str, home: Path | None = None, port: int | None = None, sandbox: bool = False, fleet: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Pod:  # fmt: skip
         """A pod started with ``deskpod up ARGS`` (with ``fleet``: ``deskpod fleet up ARGS``, which runs no job
         itself). Its jobs run without walls unless ``sandbox``: most tests watch what a job does from outside (files
         under the test's /tmp, which a sandbox makes private); tests/jobs/test_isolation.py is where the walls are
-        tested."""
+        tested. ``env`` is set in the daemon's environment, beside this process's."""
         if not sandbox and not fleet:
             args = ("--no-sandbox", *args)
         h = home or self.root / f"home{len(self.made)}"
         h.mkdir(exist_ok=True)
-        env = dict(os.environ, DESKPOD_TOKEN_FILE=str(h / "token"))
-        env.pop("DESKPOD_URL", None)
-        pod = Pod(h, port or free_port(), env, args if fleet else ("--grace", "2", *args),
+        environ = dict(os.environ, DESKPOD_TOKEN_FILE=str(h / "token"), **(env or {}))
+        environ.pop("DESKPOD_URL", None)
+        pod = Pod(h, port or free_port(), environ, args if fleet else ("--grace", "2", *args),
                   command=("fleet", "up") if fleet else ("up",))  # fmt: skip
         self.made.append(pod)
         return pod.start()
