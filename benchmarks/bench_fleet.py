@@ -17,6 +17,10 @@ removed at the end), as in production. All in one run:
   `MemberSnapshot` (`deskpod.fleet.snapshot.from_status`), replicated under 30 names: 30 members holding 10,000
   queued jobs between them. Timed: `deskpod.fleet.routing.route` for a new 2-device job, as the fleet's executor
   calls it. Target: <= 20 ms.
+- **Health.** A member's ``GET /v1/doctor`` as its admin: a run (``max_age=0``: ``deskpod doctor`` in a process of its
+  own, the box's CPU slots measured) and the kept report. The fleet's own schedule is off here (``--health-every
+  0``): 30 doctor runs at once would measure this one box's 2 cores, not the view; on real members each box runs its
+  own.
 - **Submit.** A one-device job (``true``) submitted by the same user straight to a member and through the fleet (which
   routes it, forwards it with an assertion and a lease, and follows it), alternating; time from the submit call to
   the first answer that says ``running`` (or later), both polled every 20 ms. Target: fleet <= 1.2x direct.
@@ -113,6 +117,19 @@ def routing(member: Pod, queued: int, members: int, samples: int) -> dict[str, A
             "reason": chosen.reasons.get(chosen.member or "", "")}  # fmt: skip
 
 
+def doctor(member: Pod, samples: int, runs: int) -> dict[str, Any]:
+    admin = member.client()
+    answer: dict[str, Any] = {}
+
+    def ask(max_age: float) -> None:
+        answer.update(admin.request("GET", "/v1/doctor", params={"max_age": max_age}, timeout=300).json())
+
+    cold = timed(lambda: ask(0), runs)
+    kept = timed(lambda: ask(3600), samples)
+    return {"run_ms": cold, "run_median_ms": statistics.median(cold), "kept_p95_ms": p95(kept),
+            "ok": answer.get("ok"), "checks": len(answer.get("report", {}).get("checks", []))}  # fmt: skip
+
+
 def submits(fleet_client: PodClient, member_client: PodClient, n: int) -> dict[str, Any]:
     spec = {"devices": 1, "command": ["true"]}
     direct, through = [], []
@@ -139,7 +156,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp, make_users("ann") as (ann,):
         pods = Pods(Path(tmp))
         try:
-            fleet = pods("--lease", "15", fleet=True)
+            fleet = pods("--lease", "15", "--health-every", "0", fleet=True)
             pem = str(fleet.home / "fleet.pub.pem")
             t = time.perf_counter()
             members = [pods("--name", f"box-{i}", "--machine", "dgx1-v100", "--trust-fleet", pem, sandbox=True)
@@ -149,6 +166,8 @@ def main() -> int:
             print(f"view: {json.dumps({k: v for k, v in res['view'].items() if not k.endswith('_ms')})}", flush=True)
             res["routing"] = routing(members[-1], args.queued, 30, args.samples * 10)
             print(f"routing: {json.dumps(res['routing'])}", flush=True)
+            res["doctor"] = doctor(members[1], args.samples, 3)
+            print(f"doctor: {json.dumps(res['doctor'])}", flush=True)
             token = fleet.client().add_user("ann")["token"]
             members[0].client().add_user("ann", os_user=ann.name)
             member_token = members[0].client().new_token("ann")

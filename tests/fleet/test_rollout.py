@@ -174,6 +174,8 @@ def test_the_fleet_publishes_rolls_out_and_pins_jobs_to_a_stack_version(
     assert "rollout of pytorch-2.13 v1 passed on every member (2)" in rolled.stdout
     status = hub.cli("fleet", "stack", "status")
     assert status.returncode == 0 and status.stdout.count("has v1 (current)") == 2, status.stdout
+    members = hub.client().request("GET", "/v1/fleet/members").json()["members"]
+    assert [m["stacks"] for m in members] == [["pytorch-2.13@v1"]] * 2, members  # the one view says so too
 
     # A job through the fleet names the stack; it is pinned to v1 and runs in v1's environment on a member.
     admin = hub.client()

@@ -155,10 +155,12 @@ def test_status_says_which_version_each_member_has(store: StackStore, uv_cache: 
     assert (rows["box-a"]["has"], rows["box-a"]["current"], rows["box-a"]["passed"]) == (2, True, [1, 2])
     assert (rows["box-b"]["has"], rows["box-b"]["current"], rows["box-b"]["failed"]) == (1, False, [2])
     assert (rows["box-c"]["has"], rows["box-c"]["last"]) == (None, None)
+    assert store.built() == {"box-a": ["tools@v2"], "box-b": ["tools@v1"]}  # the members view's "stacks"
     publish(store, uv_cache, "tools", "six==1.17.0\n")  # a rollback to v1's contents: box-b has it without a rollout
     rows = {r["member"]: r for r in store.status(["box-a", "box-b"])[0]["members"]}
     assert (rows["box-b"]["has"], rows["box-b"]["current"]) == (3, True)
     assert (rows["box-a"]["has"], rows["box-a"]["current"]) == (3, True)
+    assert store.built() == {"box-a": ["tools@v3"], "box-b": ["tools@v3"]}
 
 
 SMOKE_OK = """--- deskpod: job 4 attempt 1 on devices 0,1 at 2025-01-01 00:00:00 ---
