@@ -186,7 +186,10 @@ class Pod:
         if user.fleet is None:
             raise AccessError(f"user {user.name!r}: only a fleet renews leases (it holds the jobs it forwarded)")
         numbers = [n for n in (job_number(i) for i in ids) if n is not None]
-        return self.store.renew(user.fleet, numbers, self.clock() + seconds)
+        held = self.store.renew(user.fleet, numbers, self.clock() + seconds)
+        if any(j.state is S.QUEUED for j in held):  # a first renewal confirms a forward: it may start now, not at the
+            self.wake()  # executor's next pass (a second later)
+        return held
 
     def expire_leases(self) -> None:
         """Cancel, unstarted, every queued job whose fleet stopped renewing its lease: the fleet may have sent it

@@ -45,7 +45,8 @@ def fleet_dashboard(source: FleetSource) -> Callable[[FastAPI, Pod], None]:
 
     def dashboard(app: FastAPI, pod: Pod) -> None:  # named so: the daemon says where the dashboard is
         from deskpod.web.app import mount
+        from deskpod.web.fleet import register
 
-        mount(app, pod, source)
+        mount(app, pod, [lambda ui, web: register(ui, web, source)])
 
     return dashboard

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,9 +43,6 @@ from deskpod.web.session import (
     set_session_cookie,
     viewer,
 )
-
-if TYPE_CHECKING:
-    from deskpod.web.fleet import FleetSource
 
 PAGES = (
     "deskpod.web.home",
@@ -84,8 +82,8 @@ class Web:
         return self.pod.run_dir(job)
 
 
-def mount(api: FastAPI, pod: Pod, fleet: FleetSource | None = None) -> None:
-    """Add the dashboard to the pod service's ``api`` app; a fleet's (``fleet``) has the Fleet page too."""
+def mount(api: FastAPI, pod: Pod, pages: Sequence[Callable[[FastAPI, Web], None]] = ()) -> None:
+    """Add the dashboard to the pod service's ``api`` app; ``pages`` register pages beside `PAGES`' (a fleet's)."""
     app = FastAPI(title="deskpod dashboard", openapi_url=None, docs_url=None, redoc_url=None)
     web = Web(pod)
     app.state.web = web
@@ -94,10 +92,8 @@ def mount(api: FastAPI, pod: Pod, fleet: FleetSource | None = None) -> None:
     _sign_in(app, web)
     for name in PAGES:
         importlib.import_module(name).register(app, web)
-    if fleet is not None:
-        from deskpod.web.fleet import register
-
-        register(app, web, fleet)
+    for register in pages:
+        register(app, web)
     api.mount(ROOT, app)
 
     @api.get("/", include_in_schema=False)

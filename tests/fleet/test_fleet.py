@@ -19,6 +19,7 @@ import pytest
 from deskpod.envs.accounts import Account
 from deskpod.errors import AuthError, NotFoundError
 from deskpod.jobs.client import PodClient
+from tests.fleet.members import start_fleet
 from tests.jobs.pods import Pod, Pods, wait_for, wait_state
 from tests.unix_users import make_users
 
@@ -46,24 +47,13 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("fleet")
-    pods = Pods(root)
+    pods = Pods(tmp_path_factory.mktemp("fleet"))
     with make_users("ann", "ben") as (ann, ben):
         try:
-            fleet = pods("--lease", "4", fleet=True)
-            pem = str(fleet.home / "fleet.pub.pem")
-            a = pods("--name", "box-a", "--machine", "dgx1-v100", "--trust-fleet", pem, sandbox=True)
-            b = pods("--name", "box-b", "--trust-fleet", pem, sandbox=True)
+            boxes = {"box-a": (("--machine", "dgx1-v100"), {}), "box-b": ((), {})}
+            fleet, members, tokens = start_fleet(pods, ("--lease", "4"), boxes, {"ann": ann, "ben": ben})
             untrusting = pods("--name", "box-c", sandbox=True)
-            admin = fleet.client()
-            tokens = {"admin": fleet.home / "token"}
-            for name, account in (("ann", ann), ("ben", ben)):
-                tokens[name] = root / f"{name}.token"
-                tokens[name].write_text(admin.add_user(name)["token"])
-                tokens[name].chmod(0o600)
-                for member in (a, b):
-                    member.client().add_user(name, os_user=account.name)
-            yield Fleet(fleet, a, b, untrusting, {"ann": ann, "ben": ben}, tokens)
+            yield Fleet(fleet, members["box-a"], members["box-b"], untrusting, {"ann": ann, "ben": ben}, tokens)
         finally:
             pods.stop_all()
 

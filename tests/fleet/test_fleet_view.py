@@ -18,6 +18,7 @@ import pytest
 
 from deskpod.errors import AccessError
 from deskpod.jobs.client import PodClient
+from tests.fleet.members import start_fleet
 from tests.jobs.pods import Pod, Pods, wait_for, wait_state
 from tests.unix_users import make_users
 from tests.web.browser import launch_chromium, open_signed_in, sign_in
@@ -43,24 +44,15 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("fleetview")
-    pods = Pods(root)
+    pods = Pods(tmp_path_factory.mktemp("fleetview"))
     with make_users("ann", "ben") as (ann, ben):
         try:
-            fleet = pods("--lease", "4", "--health-every", "2", fleet=True)
-            pem = str(fleet.home / "fleet.pub.pem")
-            ok = pods("--name", "box-ok", "--trust-fleet", pem, sandbox=True)
-            sick = pods("--name", "box-sick", "--machine", "dgx1-v100", "--trust-fleet", pem, sandbox=True, env=BAD)
-            admin = fleet.client()
-            tokens = {"admin": fleet.home / "token"}
-            for name, account in (("ann", ann), ("ben", ben)):
-                tokens[name] = root / f"{name}.token"
-                tokens[name].write_text(admin.add_user(name)["token"])
-                for member in (ok, sick):
-                    member.client().add_user(name, os_user=account.name)
-            for name, pod in (("box-ok", ok), ("box-sick", sick)):
-                admin.request("POST", "/v1/fleet/members", json={"name": name, "url": pod.url})
-            f = Fleet(fleet, ok, sick, tokens)
+            boxes = {"box-ok": ((), {}), "box-sick": (("--machine", "dgx1-v100"), BAD)}
+            fleet, members, tokens = start_fleet(pods, ("--lease", "4", "--health-every", "2"), boxes,
+                                                 {"ann": ann, "ben": ben})  # fmt: skip
+            for name, pod in members.items():
+                fleet.client().request("POST", "/v1/fleet/members", json={"name": name, "url": pod.url})
+            f = Fleet(fleet, members["box-ok"], members["box-sick"], tokens)
             checked = lambda: all(m["health"] is not None for m in f.members().values())  # noqa: E731
             wait_for(checked, 120, "both members' first health check")
             yield f
