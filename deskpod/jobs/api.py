@@ -323,7 +323,8 @@ def create_app(
         max_age: Annotated[float, Query(ge=0, le=86400, description="seconds a kept report may be old")] = MAX_AGE_S,
     ) -> dict[str, Any]:
         """This box's ``deskpod doctor`` (a cluster's ``--cluster`` behind a Slurm login node): the kept report when
-        younger than ``max_age``, else a new run's (seconds). An admin's, or a trusted fleet's acting as itself."""
+        younger than ``max_age`` (and always when younger than 10 s), else a new run's, which takes seconds. An
+        admin's, or a trusted fleet's acting as itself."""
         if not auth.fleet_itself(user):
             auth.require_admin(user)
         answer = await run_in_threadpool(pod.doctor.latest, max_age)

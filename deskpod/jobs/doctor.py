@@ -31,6 +31,9 @@ TIMEOUT_S = 180.0
 """A doctor run that has not ended by then is stopped and reported as a failed check."""
 MAX_AGE_S = 60.0
 """How old a kept report may be when the caller does not say (``max_age``)."""
+MIN_AGE_S = 10.0
+"""A report younger than this is kept whatever the caller says: a run loads every device of the box for seconds,
+and no caller may keep them busy with runs back to back."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,14 +78,16 @@ class Doctor:
         self._last: DoctorAnswer | None = None
 
     def latest(self, max_age: float = MAX_AGE_S) -> DoctorAnswer:
-        """The kept report if it is younger than ``max_age`` seconds, else a new run's (waiting for one under way)."""
+        """The kept report if it is younger than ``max_age`` seconds (or `MIN_AGE_S`), else a new run's (waiting for
+        one under way)."""
         if not 0 <= max_age <= 86400:
             raise ConfigError(f"max_age = {max_age!r}: expected seconds from 0 to 86400")
         asked = time.time()
         with self._lock:
             last = self._last
             # a run that ended after this call came is as new as one started for it
-            if last is not None and (last.checked_at >= asked or time.time() - last.checked_at <= max_age):
+            young = max(max_age, MIN_AGE_S)
+            if last is not None and (last.checked_at >= asked or time.time() - last.checked_at <= young):
                 return last
             self._last = self._run()
             return self._last
