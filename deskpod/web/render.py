@@ -135,7 +135,7 @@ def _environment() -> Environment:
     env.filters.update(age=age, duration=duration, clock=clock, size=size, number=number, sparkline=sparkline)
     # JSON for a <script type="application/json"> block: "<" escaped so no value can close the tag.
     env.filters["tojson"] = lambda v: Markup(json_text(v).replace("<", "\\u003c").replace(">", "\\u003e"))
-    env.globals.update(root=ROOT, version=__version__)
+    env.globals.update(root=ROOT, version=__version__, fleet=False)  # fleet: a fleet's dashboard (`page` says)
     return env
 
 
