@@ -188,18 +188,23 @@ def test_chromium_opens_the_notebook_and_runs_a_cell(
 def test_a_link_planted_for_the_socket_reaches_nothing_else(
     pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account], box: Path
 ) -> None:
-    """ann points her session's socket at the pod's own (root's): the pod refuses to forward there (last: it breaks
-    her session)."""
+    """ann points her session's socket at the pod's own (root's): the pod refuses to forward there; her socket is
+    put back afterwards."""
     ann, _ = users
     folder = pod.home / "jobs" / notebook
     sock = folder / "session.sock"
     sock.rename(folder / "session.real")
-    os.symlink(box / "pod.sock", sock)
-    os.lchown(sock, ann.uid, ann.gid)
+    try:
+        os.symlink(box / "pod.sock", sock)
+        os.lchown(sock, ann.uid, ann.gid)
+        with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
+            r = http.get(f"/sessions/{notebook}/v1/whoami", headers=bearer(tokens[ann.name]))
+            assert r.status_code == 503, r.text
+            assert "not served by its own account" in r.text
+    finally:
+        (folder / "session.real").replace(sock)
     with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
-        r = http.get(f"/sessions/{notebook}/v1/whoami", headers=bearer(tokens[ann.name]))
-        assert r.status_code == 503, r.text
-        assert "not served by its own account" in r.text
+        assert http.get(f"/sessions/{notebook}/api/status", headers=bearer(tokens[ann.name])).status_code == 200
 
 
 def test_new_notebook_from_the_dashboard_waits_then_opens(
@@ -238,3 +243,29 @@ def test_bad_input_is_one_line(pod: Pod) -> None:
     soon = pod.cli("notebook", "--time", "soon")
     assert soon.returncode == 2 and "--time 'soon': expected a duration" in soon.stderr
     assert len(pod.client().jobs()) == before
+
+
+def test_a_restarted_daemon_readopts_the_session_with_its_kernel(
+    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account]
+) -> None:
+    """The daemon SIGKILLed and started again while ann's notebook runs (last: it restarts the module's pod): the job
+    is re-adopted (same process), its URL answers her through the new daemon, and her kernel kept its state."""
+    ann, ben = users
+    me = bearer(tokens[ann.name])
+    with httpx.Client(base_url=pod.url, trust_env=False, timeout=60) as http:
+        kernel = start_kernel(http, notebook, me)
+    url = _ws_url(pod, notebook, kernel)
+    mark = uuid.uuid4().hex
+    asyncio.run(_execute(url, me, f"MARK = {mark!r}"))
+    pid = pod.client().job(notebook)["pid"]
+
+    pod.kill()
+    pod.start()
+    job = pod.client().job(notebook)
+    assert job["state"] == "running" and job["pid"] == pid, job
+    assert any("re-adopted" in e["note"] for e in job["events"]), job["events"]
+    with httpx.Client(base_url=pod.url, trust_env=False, timeout=60) as http:
+        r = http.get(f"/sessions/{notebook}/api/kernels/{kernel}", headers=me)
+        assert r.status_code == 200, r.text
+        assert http.get(f"/sessions/{notebook}/api/status", headers=bearer(tokens[ben.name])).status_code == 404
+    assert asyncio.run(_execute(url, me, "print(MARK)")).strip() == mark
