@@ -11,6 +11,8 @@ The pod keeps what it has — queue, users, tokens, REST API, dashboard, the job
   preemption) goes running → preempted → queued, and runs again as the next attempt;
 - a cancel is ``scancel``; a requeue of a running job is ``scontrol requeue``; a requeue of an ended
   one submits it again from the same folder (its attempts numbering on);
+- a session (a notebook) gets a secret in its folder before it is submitted; on its node it listens on the
+  node's address with that secret and says where (`deskpod.jobs.kinds.session`), and the pod forwards to it;
 - a controller that does not answer loses nothing: queued jobs stay queued with the reason, followed ones
   keep their last state, and the next tick tries again.
 """
@@ -29,12 +31,16 @@ from deskpod.errors import DeskpodError, UsageError
 from deskpod.jobs.executor import ExecutorStatus, PartitionStatus, PodSide
 from deskpod.jobs.forecast import Forecast
 from deskpod.jobs.joblog import read_log
+from deskpod.jobs.kinds import KINDS
+from deskpod.jobs.kinds.session import ENDPOINT, write_secret
 from deskpod.jobs.scheduler import Waiting
 from deskpod.jobs.spec import JobSpec
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord, User
 
 S = JobState
+NODE_SESSIONS = ("notebook",)
+"""The session kinds that listen on a cluster node's address (`deskpod.jobs.kinds.session.LISTEN_ENV`)."""
 FOLLOWED = (S.QUEUED, S.STARTING, S.RUNNING)
 
 
@@ -60,6 +66,9 @@ class SlurmExecutor:
     def check(self, spec: JobSpec, user: User) -> int:
         if spec.serve is not None:
             raise UsageError("job spec: serve jobs run on the pod's own box; this pod hands its jobs to Slurm")
+        if KINDS[spec.kind].SESSION and spec.kind not in NODE_SESSIONS:
+            raise UsageError(f"job spec: {spec.kind} sessions run on the pod's own box; on this pod's Slurm backend: "
+                             f"{', '.join(NODE_SESSIONS)}")  # fmt: skip
         check_fits(spec, self.partitions())
         return int(spec.devices) if str(spec.devices).isdigit() else 0
 
@@ -119,6 +128,10 @@ class SlurmExecutor:
     def _hand_over(self, pod: PodSide, job: JobRecord) -> None:
         folder = pod.job_folder(job)
         try:
+            if KINDS[job.spec.kind].SESSION:  # its server on the node asks for this; the pod adds it when forwarding
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / ENDPOINT).unlink(missing_ok=True)
+                write_secret(folder)
             done = submit_in(job.spec, folder)
         except UsageError as e:  # refused by Slurm: the job can never run as it is
             pod.store.transition(job.id, S.STARTING, "handing over to Slurm", expect=[S.QUEUED])

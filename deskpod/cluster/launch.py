@@ -21,6 +21,7 @@ from typing import Any
 
 from deskpod.cluster.batch import JobFiles, slurm_options
 from deskpod.errors import DeskpodError
+from deskpod.jobs.kinds import KINDS
 from deskpod.jobs.spec import JobSpec
 
 
@@ -55,6 +56,8 @@ def launch_node(folder: Path) -> int:
     os.environ.update({k: v for k, v in spec.env.items() if k not in os.environ})
     if spec.video is not None:
         return _exec_video(spec, files.folder)
+    if KINDS[spec.kind].SESSION:
+        return _exec_session(spec, files.folder)
     if spec.train is None:
         return _exec_command(spec, files.folder)
     train, env = dict(spec.train), dict[str, str]()
@@ -74,14 +77,13 @@ def launch_node(folder: Path) -> int:
     return exit_code(plan, launch(plan, "lines"))
 
 
-def _environment(spec: JobSpec, folder: Path) -> list[str]:
+def _environment(spec: JobSpec, folder: Path, argv: list[str]) -> list[str]:
     """Build (once for the whole cluster: the cache is shared and locked) or find the job's ``[environment]``,
     put it first on PATH and hold its in-use lock across the exec; returns the argv to exec."""
     from deskpod.environment import Environment
     from deskpod.envs.cache import EnvCache
 
     defn = spec.environment
-    argv = list(spec.command)
     if defn is None:
         return argv
     if defn.kind == "image":
@@ -127,7 +129,7 @@ def _exec_video(spec: JobSpec, folder: Path) -> int:
 def _exec_command(spec: JobSpec, folder: Path) -> int:
     from deskpod.train.world import slurm_world
 
-    argv = _environment(spec, folder)
+    argv = _environment(spec, folder, list(spec.command))
     world = slurm_world(spec.nodes)
     os.environ.update(
         DESKPOD_NODE_RANK=str(world.node_rank), DESKPOD_NODES=str(world.nodes),
@@ -144,3 +146,16 @@ def _exec_command(spec: JobSpec, folder: Path) -> int:
     except DeskpodError:
         pass  # no topology to read: the command runs unpinned
     os.execvp(argv[0], argv)
+
+
+def _exec_session(spec: JobSpec, folder: Path) -> int:
+    """A session (a notebook): its server on this node's address (``NodeAddr``, where the pod reaches it), behind
+    the secret the pod wrote in the folder (`deskpod.jobs.kinds.session`), in the job's environment."""
+    from deskpod.cluster.slurm import node_address
+    from deskpod.jobs.kinds.session import LISTEN_ENV
+
+    node = os.environ.get("SLURMD_NODENAME", "")
+    os.environ[LISTEN_ENV] = node_address(node) if node else "127.0.0.1"
+    argv = _environment(spec, folder, spec.argv(folder))
+    print(f"deskpod: {node or 'node'}: session on {os.environ[LISTEN_ENV]}", flush=True)
+    os.execv(argv[0], argv)

@@ -359,6 +359,16 @@ def jobs(job_ids: Sequence[str] | None = None, *, user: str | None = None) -> li
     return [j for j in found if (wanted is None or j.job_id in wanted) and (user is None or j.user == user)]
 
 
+def node_address(node: str) -> str:
+    """The address Slurm reaches ``node`` at (``NodeAddr`` of ``scontrol show node``): where a service the pod
+    reaches on the node listens."""
+    text = run(["scontrol", "show", "node", "--oneliner", node]).stdout
+    m = re.search(r"\bNodeAddr=(\S+)", text)
+    if m is None:
+        raise SlurmError(f"scontrol show node {node} gave no NodeAddr: {text.strip()[:200]!r}")
+    return m.group(1)
+
+
 def cancel(job_id: str, *, signal: str | None = None) -> None:
     """``scancel`` (every step and the batch script), or send one signal to the job's steps."""
     run(["scancel", *([f"--signal={signal}"] if signal else []), job_id])

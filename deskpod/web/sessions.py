@@ -10,6 +10,10 @@ forwarded request is that owner's. Anonymous browsers get the sign-in page, then
 The job's folder is its owner's, so its owner could put another socket (or a link to one) where the session's should
 be; every connection checks the kernel's word on who listens (``SO_PEERCRED``) against the job's account, so a
 request never reaches another account's server (or the pod's own socket) through a planted link.
+
+A session on a cluster node (the Slurm backend) is reached at the address it wrote in its folder instead, with the
+secret the pod wrote there at submission (`deskpod.jobs.kinds.session.read_endpoint`), which its server asks of
+every request: the pod adds it (`SECRET_HEADER`, dropped from what the browser sends); the browser never holds it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,7 +35,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from deskpod.errors import DeskpodError, NotFoundError, UnavailableError
 from deskpod.jobs.api import PEER
 from deskpod.jobs.kinds import KINDS
-from deskpod.jobs.kinds.session import PREFIX, socket_path
+from deskpod.jobs.kinds.session import PREFIX, SECRET_HEADER, Endpoint, read_endpoint, socket_path
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord, User
 from deskpod.web import render
@@ -121,31 +126,57 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
         await self.inner.sleep(seconds)
 
 
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where a session's requests go: a pool of connections to it, the URL prefix they name, and what the pod adds."""
+
+    pool: httpcore.AsyncConnectionPool
+    origin: str
+    """``http://session`` for its Unix socket (the pool's), ``http://host:port`` on a cluster node."""
+    endpoint: Endpoint | None
+    """A session on a cluster node (its address and secret); None for one on the job folder's socket."""
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """The session's secret, for one on a cluster node (never from or to the browser)."""
+        return [] if self.endpoint is None else [(SECRET_HEADER, self.endpoint.secret)]
+
+
 class Upstreams:
-    """One connection pool per running session (kept while its socket file stays the same), so a page's many
-    requests reuse their connections."""
+    """One connection pool per running session (kept while its socket file, or its node's address and secret, stay
+    the same), so a page's many requests reuse their connections."""
 
     def __init__(self) -> None:
-        self.pools: dict[int, tuple[tuple[int, int, int], httpcore.AsyncConnectionPool]] = {}
+        self.pools: dict[int, tuple[object, Upstream]] = {}
 
-    async def pool(self, job: JobRecord, folder: Path, uid: int) -> httpcore.AsyncConnectionPool:
-        path = socket_path(folder)
-        try:
-            st = path.lstat()
-        except OSError:
-            raise SessionNotReady(f"session {job.id} is starting; its server does not listen yet") from None
-        key = (st.st_ino, st.st_dev, uid)
+    async def upstream(self, job: JobRecord, folder: Path, uid: int) -> Upstream:
+        endpoint = read_endpoint(folder)
+        key: object
+        if endpoint is not None:
+            key = endpoint
+        else:
+            path = socket_path(folder)
+            try:
+                st = path.lstat()
+            except OSError:
+                raise SessionNotReady(f"session {job.id} is starting; its server does not listen yet") from None
+            key = (st.st_ino, st.st_dev, uid)
         held = self.pools.get(job.id)
         if held is not None and held[0] == key:
             return held[1]
         if held is not None:
-            await held[1].aclose()
+            await held[1].pool.aclose()
         for other in [j for j in self.pools if j != job.id and len(self.pools) > 256]:
-            await self.pools.pop(other)[1].aclose()
-        pool = httpcore.AsyncConnectionPool(uds=str(path), network_backend=CheckedBackend(uid, path),
-                                            max_connections=32, keepalive_expiry=30.0)  # fmt: skip
-        self.pools[job.id] = (key, pool)
-        return pool
+            await self.pools.pop(other)[1].pool.aclose()
+        if endpoint is not None:
+            pool = httpcore.AsyncConnectionPool(max_connections=32, keepalive_expiry=30.0)
+            made = Upstream(pool, f"http://{endpoint.host}:{endpoint.port}", endpoint)
+        else:
+            pool = httpcore.AsyncConnectionPool(uds=str(path), network_backend=CheckedBackend(uid, path),
+                                                max_connections=32, keepalive_expiry=30.0)  # fmt: skip
+            made = Upstream(pool, "http://session", None)
+        self.pools[job.id] = (key, made)
+        return made
 
 
 def forwarded_headers(
@@ -156,7 +187,7 @@ def forwarded_headers(
     out = []
     for name, value in headers:
         low = name.lower()
-        if low in drop or low == "authorization":
+        if low in drop or low in ("authorization", SECRET_HEADER.lower()):
             continue
         if low == "cookie":
             kept = [c for c in value.split(";") if c.strip() and c.strip().split("=", 1)[0] != COOKIE]
@@ -196,22 +227,23 @@ def register(app: FastAPI, web: Web) -> None:
         try:
             job = session_job(web, user, job_id)
             folder = web.pod.job_folder(job)
-            pool = await upstreams.pool(job, folder, account_uid(web, user))
+            upstream = await upstreams.upstream(job, folder, account_uid(web, user))
         except SessionNotReady as e:
             return waiting(request, web, job_id, str(e))
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        headers = [("Host", request.headers.get("host", "localhost")), *forwarded_headers(request.headers.items())]
+        headers = [("Host", request.headers.get("host", "localhost")), *forwarded_headers(request.headers.items()),
+                   *upstream.headers]  # fmt: skip
         if request.headers.get("content-length") is None and request.method in ("POST", "PUT", "PATCH"):
             headers.append(("Transfer-Encoding", "chunked"))
         elif request.headers.get("content-length") is not None:
             headers = [h for h in headers if h[0].lower() != "content-length"]
             headers.append(("Content-Length", request.headers["content-length"]))
         upstream_request = httpcore.Request(
-            request.method, f"http://session{target}", headers=headers, content=request.stream(),
+            request.method, f"{upstream.origin}{target}", headers=headers, content=request.stream(),
             extensions={"timeout": {"connect": CONNECT_S, "read": None, "write": CONNECT_S, "pool": CONNECT_S}},
         )  # fmt: skip
         try:
-            answer = await pool.handle_async_request(upstream_request)
+            answer = await upstream.pool.handle_async_request(upstream_request)
         except SessionNotReady as e:
             return waiting(request, web, job_id, str(e))
         except (httpcore.ConnectError, httpcore.RemoteProtocolError, FileNotFoundError, ConnectionError) as e:
@@ -237,7 +269,7 @@ def register(app: FastAPI, web: Web) -> None:
     @app.websocket("/{job_id}/{path:path}")
     async def forward_ws(websocket: WebSocket, job_id: str, path: str) -> None:
         import websockets
-        from websockets.asyncio.client import unix_connect
+        from websockets.asyncio.client import connect
 
         try:
             user = await caller(websocket, web)
@@ -246,19 +278,29 @@ def register(app: FastAPI, web: Web) -> None:
             await websocket.close(code=4404)
             return
         folder = web.pod.job_folder(job)
+        endpoint = read_endpoint(folder)
         where = socket_path(folder)
         target = websocket.url.path + (f"?{websocket.url.query}" if websocket.url.query else "")
         host = websocket.headers.get("host", "localhost")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The browser's Host goes on (its Origin is checked against it); the connection is made here, to the
+        # session's socket or its node.
+        family = socket.AF_UNIX if endpoint is None else socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        protocols: Any = [
+            p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()
+        ]
+        secret = [] if endpoint is None else [(SECRET_HEADER, endpoint.secret)]
         try:
             sock.setblocking(False)
-            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, str(where)), CONNECT_S)
-            check_listener(sock, account_uid(web, user), where)
-            upstream = await unix_connect(
+            address: Any = (endpoint.host, endpoint.port) if endpoint else str(where)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, address), CONNECT_S)
+            if endpoint is None:
+                check_listener(sock, account_uid(web, user), where)
+            upstream = await connect(
                 uri=f"ws://{host}{target}", sock=sock, origin=websocket.headers.get("origin"),  # type: ignore[arg-type]
-                subprotocols=[p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")
-                              if p.strip()] or None,  # type: ignore[misc]
-                additional_headers=forwarded_headers(websocket.headers.items(), drop=HOP_BY_HOP | WS_HEADERS),
+                subprotocols=protocols or None,
+                additional_headers=[*forwarded_headers(websocket.headers.items(), drop=HOP_BY_HOP | WS_HEADERS),
+                                    *secret],
                 compression=None, max_size=None, ping_interval=None, user_agent_header=None, open_timeout=CONNECT_S,
             )  # fmt: skip
         except (OSError, TimeoutError, DeskpodError, websockets.InvalidHandshake):

@@ -112,15 +112,16 @@ async def _execute(url: str, headers: dict[str, str], code: str) -> str:
             "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True},
         }))  # fmt: skip
-        out = ""
-        while True:
+        out, replied, idle = "", False, False
+        while not (replied and idle):  # iopub's output may come after the shell's reply: wait for its idle too
             m = json.loads(await asyncio.wait_for(ws.recv(), 120))
             if m.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             if m["msg_type"] == "stream":
                 out += m["content"]["text"]
-            if m["msg_type"] == "execute_reply":
-                return out
+            replied = replied or m["msg_type"] == "execute_reply"
+            idle = idle or (m["msg_type"] == "status" and m["content"]["execution_state"] == "idle")
+        return out
 
 
 def start_kernel(http: httpx.Client, notebook: str, headers: dict[str, str]) -> str:

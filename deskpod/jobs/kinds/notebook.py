@@ -13,6 +13,11 @@ its packages), else the pod's own, with the ``sessions`` extra. Kernels talk to 
 private runtime folder (``KernelManager.transport = ipc``), not over loopback ports every account could reach. They
 inherit the job's device variables (``CUDA_VISIBLE_DEVICES``, ``DESKPOD_CPU_SLOTS``), so a notebook sees only the
 devices it was given.
+
+On a cluster node (the pod's Slurm backend sets `LISTEN_ENV` to the node's address) JupyterLab listens on that address
+on a free port instead, asking every request for the secret the pod wrote in the job's folder (`SECRET`, checked by
+`deskpod.jobs.kinds.notebook_auth`, read from a file so it is on no command line), and writes where in the folder's
+`ENDPOINT`.
 """
 
 from __future__ import annotations
@@ -27,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.jobs.kinds.fields import table
-from deskpod.jobs.kinds.session import SOCKET_PATH_MAX, base_path, socket_path
+from deskpod.jobs.kinds.session import (
+    LISTEN_ENV,
+    SECRET,
+    SECRET_ENV,
+    SOCKET_PATH_MAX,
+    base_path,
+    socket_path,
+    write_endpoint,
+)
 
 ENVIRONMENT = True
 SESSION = True
@@ -38,6 +51,8 @@ SCHEMA: dict[str, Any] = {
     "properties": {},
     "description": "JupyterLab as the job, reached through the pod at /sessions/<id>/lab (no fields yet)",
 }
+IDENTITY = "deskpod.jobs.kinds.notebook_auth.SessionSecret"
+"""JupyterLab's identity provider on a cluster node: the pod's secret header, or nobody."""
 KERNEL = "python3"
 """The kernel spec's name: the one JupyterLab starts by default, so the job's shadows the server's own."""
 LAB_OPTIONS = (
@@ -89,10 +104,16 @@ def write_kernel_spec(data_dir: Path, python: str) -> Path:
     return spec_dir
 
 
-def lab_argv(folder: Path, root: Path, python: str = sys.executable) -> list[str]:
-    """JupyterLab for the job in ``folder`` with its files in ``root``."""
-    return [python, "-m", "jupyterlab", *LAB_OPTIONS, f"--ServerApp.sock={socket_path(folder)}",
-            f"--ServerApp.base_url={base_path(folder)}", f"--ServerApp.root_dir={root}"]  # fmt: skip
+def lab_argv(folder: Path, root: Path, python: str = sys.executable, *, port: int | None = None,
+             host: str = "") -> list[str]:  # fmt: skip
+    """JupyterLab for the job in ``folder`` with its files in ``root``: on the folder's socket, or with ``port`` on
+    ``host`` (a cluster node's address) behind the secret of `SECRET_ENV` (`deskpod.jobs.kinds.notebook_auth`)."""
+    common = [f"--ServerApp.base_url={base_path(folder)}", f"--ServerApp.root_dir={root}"]
+    if port is None:
+        return [python, "-m", "jupyterlab", *LAB_OPTIONS, f"--ServerApp.sock={socket_path(folder)}", *common]
+    options = [o for o in LAB_OPTIONS if not o.startswith("--ServerApp.sock")]
+    return [python, "-m", "jupyterlab", *options, f"--ServerApp.ip={host}", f"--ServerApp.port={port}",
+            "--ServerApp.port_retries=0", f"--ServerApp.identity_provider_class={IDENTITY}", *common]  # fmt: skip
 
 
 def main(args: Sequence[str]) -> int:
@@ -101,7 +122,7 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.notebook JOB_FOLDER", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    if len(str(socket_path(folder)).encode()) > SOCKET_PATH_MAX:
+    if not os.environ.get(LISTEN_ENV) and len(str(socket_path(folder)).encode()) > SOCKET_PATH_MAX:
         print(f"deskpod notebook: the session socket {socket_path(folder)} is longer than a Unix socket allows "
               f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home", file=sys.stderr)  # fmt: skip
         return 2
@@ -113,11 +134,21 @@ def main(args: Sequence[str]) -> int:
     runtime = tempfile.mkdtemp(prefix="jupyter-")  # 0700; the sandbox's /tmp is its own
     env = {**os.environ, "JUPYTER_PATH": str(jupyter), "JUPYTER_RUNTIME_DIR": runtime,
            "JUPYTER_DATA_DIR": str(jupyter / "data")}  # fmt: skip
-    socket_path(folder).unlink(missing_ok=True)  # a restarted job's stale socket
-    argv = lab_argv(folder, root)
+    host, port = os.environ.get(LISTEN_ENV), 0
+    if host:  # a cluster node: the node's address, a free port, the pod's secret
+        from deskpod.environment.network import free_port
+
+        port = free_port(host)
+        env[SECRET_ENV] = str(folder / SECRET)
+        argv = lab_argv(folder, root, port=port, host=host)
+        write_endpoint(folder, host, port)  # before it listens: the pod answers "starting" until it does
+    else:
+        socket_path(folder).unlink(missing_ok=True)  # a restarted job's stale socket
+        argv = lab_argv(folder, root)
     if os.geteuid() == 0:
         argv.append("--allow-root")  # a pod run by root without accounts: its jobs are root's
-    print(f"deskpod: JupyterLab at {base_path(folder)}lab (through the pod), files in {root}", flush=True)
+    where = f"{host}:{port}" if host else "its socket"
+    print(f"deskpod: JupyterLab at {base_path(folder)}lab (through the pod; on {where}), files in {root}", flush=True)
     os.execve(argv[0], argv, env)
 
 
