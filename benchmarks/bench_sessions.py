@@ -42,6 +42,8 @@ from websockets.asyncio.client import ClientConnection, connect, unix_connect
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_dashboard import sign_in  # noqa: E402
+
 from deskpod.environment.network import free_port  # noqa: E402
 from deskpod.jobs.kinds.notebook import LAB_OPTIONS  # noqa: E402
 from deskpod.web.session import COOKIE  # noqa: E402
@@ -104,16 +106,6 @@ def kernel_answers(http: httpx.Client, base: str, headers: dict[str, str], xsrf:
 
 
 # ---------------------------------------------------------------------------------------------- 1. start
-def sign_in(pod: Pod, token: str) -> httpx.Client:
-    c = httpx.Client(base_url=pod.url, timeout=60, trust_env=False)
-    form = c.get("/ui/login")
-    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
-    assert csrf, form.text
-    r = c.post("/ui/login", data={"csrf": csrf.group(1), "next": "/ui/", "token": token}, follow_redirects=False)
-    assert r.status_code == 303, r.text
-    return c
-
-
 def new_notebook(pod: Pod, c: httpx.Client) -> dict[str, float]:
     """One "New notebook" to a kernel that answers; the time of each step from the click (seconds)."""
     page = c.get("/ui/sessions")
@@ -181,7 +173,7 @@ def plain_lab(tmp: Path) -> dict[str, float]:
 
 
 def bench_start(pod: Pod, token: str, tmp: Path, trials: int) -> dict[str, Any]:
-    c = sign_in(pod, token)
+    c = sign_in(pod.url, token)
     try:
         new_notebook(pod, c)  # untimed warm-up: the page cache holds JupyterLab's files afterwards, as on a used box
         plain_lab(tmp)

@@ -15,13 +15,11 @@ import stat
 
 import httpx
 import pytest
-import websockets
-from websockets.asyncio.client import connect
 
 from deskpod.jobs.kinds.session import SECRET_HEADER
 from tests.cluster.slurm import SlurmCluster
 from tests.jobs.pods import Pods, wait_for
-from tests.web.test_sessions import _execute, _ws_url, bearer, start_kernel
+from tests.web.test_sessions import _execute, _ws_url, bearer, start_kernel, ws_refused
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
@@ -61,17 +59,7 @@ def test_a_notebook_on_slurm_answers_its_owner_through_the_pod(slurm: SlurmClust
         out = asyncio.run(_execute(url, bearer(ann), "import os; print('SLURM', os.environ['SLURM_JOB_ID'])"))
         assert out.split() == ["SLURM", str(c.job(job)["external"])], out
 
-        async def refused() -> int | None:
-            try:
-                async with connect(url, additional_headers=bearer(ben)) as ws:
-                    await ws.recv()
-            except websockets.ConnectionClosed as e:
-                return e.rcvd.code if e.rcvd else None
-            except websockets.InvalidStatus as e:
-                return e.response.status_code
-            return None
-
-        assert asyncio.run(refused()) in (4404, 403)
+        assert asyncio.run(ws_refused(url, bearer(ben))) in (4404, 403)
         c.cancel(job)
         wait_for(lambda: c.job(job)["state"] == "cancelled", 60, "the notebook to be cancelled")
         assert slurm.job(str(c.job(job)["external"]))["JobState"] == "CANCELLED"

@@ -124,6 +124,18 @@ async def _execute(url: str, headers: dict[str, str], code: str) -> str:
         return out
 
 
+async def ws_refused(url: str, headers: dict[str, str]) -> int | None:
+    """How the WebSocket at ``url`` turns ``headers`` away: its close code or HTTP status (None: it let them in)."""
+    try:
+        async with connect(url, additional_headers=headers) as ws:
+            await ws.recv()
+    except websockets.ConnectionClosed as e:
+        return e.rcvd.code if e.rcvd else None
+    except websockets.InvalidStatus as e:
+        return e.response.status_code
+    return None
+
+
 def start_kernel(http: httpx.Client, notebook: str, headers: dict[str, str]) -> str:
     """A kernel of the session, started through the pod (Jupyter's own cross-site check: its _xsrf cookie)."""
     http.get(f"/sessions/{notebook}/lab", headers=headers)
@@ -144,19 +156,8 @@ def test_a_kernel_runs_as_the_owner_on_its_devices_over_the_websocket(
     out = asyncio.run(_execute(url, bearer(tokens[ann.name]), CELL))
     held = wait_state(pod.client(), notebook, "running")["assigned"]
     assert out.split() == ["SEEN", ann.name, ",".join(map(str, held)), "''", "0"], out
-
-    async def refused(headers: dict[str, str]) -> int | None:
-        try:
-            async with connect(url, additional_headers=headers) as ws:
-                await ws.recv()
-        except websockets.ConnectionClosed as e:
-            return e.rcvd.code if e.rcvd else None
-        except websockets.InvalidStatus as e:
-            return e.response.status_code
-        return None
-
     for headers in (bearer(tokens[ben.name]), bearer(pod.token), {}):
-        assert asyncio.run(refused(headers)) in (4404, 403), headers
+        assert asyncio.run(ws_refused(url, headers)) in (4404, 403), headers
 
 
 def test_chromium_opens_the_notebook_and_runs_a_cell(
