@@ -104,6 +104,10 @@ class ServiceError(RunError):
     """The pod service could not be reached, or failed while doing valid work (HTTP 5xx)."""
 
 
+class UnavailableError(ServiceError):
+    """Something that is on its way but not there yet: a session still queued or starting (HTTP 503; try again)."""
+
+
 class StreamError(RunError):
     """A video source that cannot be opened or decoded (a corrupt file, a URL that refuses or never answers).
 
@@ -125,6 +129,7 @@ EXTRAS = {
     "lung": ("SimpleITK", "pydicom", "monai", "radiomics", "scipy"),
     "video": ("av", "cv2", "dlib", "_dlib_pybind11", "face_recognition_models", "faiss", "trackers", "supervision"),
     "fleet": ("jwt", "cryptography"),
+    "sessions": ("jupyterlab", "jupyter_server", "ipykernel", "terminado", "websockets"),
 }
 """Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install (dlib-bin's wheel
 declares only its compiled ``_dlib_pybind11`` as its top level, so that names it; ``dlib`` is what the code imports)."""

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "deskpod.cli.export",
     "deskpod.cli.serve",
     "deskpod.cli.pod",
+    "deskpod.cli.session",
     "deskpod.cli.fleet",
     "deskpod.cli.topo",
     "deskpod.cli.doctor",

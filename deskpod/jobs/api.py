@@ -33,6 +33,7 @@ from deskpod.errors import (
     DeskpodError,
     NotFoundError,
     TooLargeError,
+    UnavailableError,
     UsageError,
 )
 from deskpod.jobs import auth, metrics
@@ -116,6 +117,7 @@ def status_of(e: DeskpodError) -> int:
         (ConflictError, 409),
         (TooLargeError, 413),
         (UsageError, 400),
+        (UnavailableError, 503),
     ):
         if isinstance(e, cls):
             return code

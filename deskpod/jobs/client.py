@@ -136,6 +136,13 @@ class PodClient:
             raise ServiceError(f"pod service failed ({r.status_code}): {message}")
         raise _BY_STATUS.get(r.status_code, ConfigError)(message)
 
+    def probe(self, path: str) -> int | None:
+        """The HTTP status of ``GET path`` (redirects not followed); None when the pod cannot be reached."""
+        try:
+            return self._http.get(path).status_code
+        except httpx.TransportError:
+            return None
+
     def health(self) -> dict[str, Any]:
         return dict(self.request("GET", "/health").json())
 

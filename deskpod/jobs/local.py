@@ -76,6 +76,8 @@ class LocalExecutor:
             require_extra("serve", "job spec: a serve job", ConflictError)
         if spec.video is not None:
             require_extra("video", "job spec: a video job", ConflictError)
+        if spec.notebook is not None:
+            require_extra("sessions", "job spec: a notebook job", ConflictError)
         if spec.nodes > 1:
             raise ConflictError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "

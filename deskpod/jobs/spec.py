@@ -78,9 +78,13 @@ MAX_RUNTIME_S = 30 * 24 * 3600.0
 MAX_RETRIES = 10
 MAX_ENV = 256
 
+KINDS = tuple(KIND_MODULES)
+"""A spec has exactly one of these fields; it says what the job runs (`deskpod.jobs.kinds`)."""
+OWN_CODE = " and ".join(k for k, m in KIND_MODULES.items() if m.ENVIRONMENT)
+"""The kinds that run the user's own code, in the job's ``[environment]`` or ``stack`` (the rest run deskpod)."""
 FIELDS = (
-    "name", "command", "train", "serve", "video", "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir",
-    "nodes", "slurm", "environment", "stack",
+    "name", *KINDS, "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir", "nodes", "slurm",
+    "environment", "stack",
 )  # fmt: skip
 STACK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@v[1-9][0-9]{0,8})?$")
 """A stack's name (``pytorch-2.14``), or a version of it (``pytorch-2.14@v3``: the form a fleet stores)."""
@@ -89,13 +93,11 @@ SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues"
                 "scratch", "scratch_limit_gb", "env_cache")  # fmt: skip
 SLURM_DEFAULTS: dict[str, Any] = {"signal_before_s": 120, "max_requeues": 20, "max_node_failures": 3,
                                   "stage_data": False, "scratch": "/tmp/deskpod-scratch"}  # fmt: skip
-KINDS = tuple(KIND_MODULES)
-"""A spec has exactly one of these fields; it says what the job runs (`deskpod.jobs.kinds`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
-    """One job, validated. Exactly one of ``command``, ``train``, ``serve`` and ``video`` is set."""
+    """One job, validated. Exactly one kind's field (`KINDS`: ``command``, ``train``, ...) is set."""
 
     name: str
     """Shown in listings; letters, digits, ``._-``, at most `NAME_MAX` (64) characters: a train job's run folder
@@ -108,6 +110,8 @@ class JobSpec:
     """What to serve (every key of `SERVE_FIELDS` filled in): the job exports the run and serves it."""
     video: Mapping[str, Any] | None = None
     """What to index (`deskpod.jobs.kinds.video`): the job runs ``deskpod video index`` on its streams."""
+    notebook: Mapping[str, Any] | None = None
+    """A JupyterLab session (`deskpod.jobs.kinds.notebook`), reached through the pod at ``/sessions/<id>/``."""
     devices: int | str = 1
     """A count from 1, or ``"all"`` (resolved to this box's device count at submission)."""
     placement: str = "best"
@@ -136,11 +140,11 @@ class JobSpec:
 
     @property
     def kind(self) -> str:
-        return next((k for k in ("train", "serve", "video") if getattr(self, k) is not None), "command")
+        return next((k for k in KINDS[1:] if getattr(self, k) is not None), "command")
 
     @property
     def what(self) -> Any:
-        """The kind's field: the command, or the train, serve or video table."""
+        """The kind's field: the command, or the kind's table."""
         return self.command if self.kind == "command" else getattr(self, self.kind)
 
     def argv(self, folder: Path) -> list[str]:
@@ -220,8 +224,8 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     if len(given) != 1:
         raise ConfigError(
             'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]), train (a table of'
-            f" deskpod train settings), serve (a table with run = PATH) and video (a table with sources = [...]);"
-            f" got {' and '.join(given) or 'none'}"
+            " deskpod train settings), serve (a table with run = PATH), video (a table with sources = [...]) and"
+            f" notebook (a table, e.g. {{}}); got {' and '.join(given) or 'none'}"
         )
     kind = KIND_MODULES[given[0]]
     value = kind.parse(data[given[0]])
@@ -283,8 +287,8 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         workdir=workdir,
         nodes=integer(data, "nodes", 1, 1, MAX_NODES),
         slurm=_slurm(data["slurm"]) if "slurm" in data else {},
-        environment=_environment(data.get("environment"), given != ["command"]),
-        stack=_stack(data.get("stack"), given != ["command"], "environment" in data),
+        environment=_environment(data.get("environment"), not kind.ENVIRONMENT),
+        stack=_stack(data.get("stack"), not kind.ENVIRONMENT, "environment" in data),
     )
 
 
@@ -308,8 +312,8 @@ def _environment(table: object, deskpod_job: bool) -> EnvDefinition | None:
         return None
     if deskpod_job:
         raise ConfigError(
-            "job spec: environment applies to command jobs; a train, serve or video job runs deskpod itself, in the "
-            'daemon\'s Python (for your own script in your own packages: command = ["python", "train.py"])'
+            f"job spec: environment applies to {OWN_CODE} jobs; a train, serve or video job runs deskpod itself, in"
+            ' the daemon\'s Python (for your own script in your own packages: command = ["python", "train.py"])'
         )
     return parse_environment(table)
 
@@ -323,8 +327,8 @@ def _stack(name: object, deskpod_job: bool, with_environment: bool) -> str | Non
             "stack", name, 'expected the name of a fleet\'s stack, e.g. stack = "pytorch-2.14" (or "pytorch-2.14@v3")'
         )
     if deskpod_job:
-        raise ConfigError("job spec: stack applies to command jobs; a train, serve or video job runs deskpod itself, in"
-                          " the daemon's Python")  # fmt: skip
+        raise ConfigError(f"job spec: stack applies to {OWN_CODE} jobs; a train, serve or video job runs deskpod itself,"
+                          " in the daemon's Python")  # fmt: skip
     if with_environment and "@" not in name:
         raise ConfigError(
             f"job spec: give stack = {name!r} or an [environment], not both: the stack is the environment"
@@ -402,14 +406,14 @@ def _env_schema() -> dict[str, Any]:
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "description": "A job: exactly one of command, train, serve and video says what it runs; environment only with"
-    " command.",
+    "description": f"A job: exactly one of {', '.join(KINDS)} says what it runs; environment and stack only with"
+    f" {OWN_CODE}.",
     "oneOf": [
         {
             "required": [kind],
             "properties": {
                 **{k: False for k in KINDS if k != kind},
-                **({} if kind == "command" else {"environment": False, "stack": False}),
+                **({} if KIND_MODULES[kind].ENVIRONMENT else {"environment": False, "stack": False}),
             },
         }
         for kind in KINDS

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from deskpod.errors import DeskpodError
 from deskpod.jobs import auth
 from deskpod.jobs.api import allowed_methods, status_of
+from deskpod.jobs.kinds.session import PREFIX
 from deskpod.jobs.pod import Pod
 from deskpod.jobs.store import JobRecord, Store
 from deskpod.web import render
@@ -54,6 +55,8 @@ PAGES = (
     "deskpod.web.video",
 )
 """Modules that add pages, each with ``register(app, web)``."""
+SESSIONS = "deskpod.web.sessions"
+"""The proxy to session jobs (``register(app, web)`` too), mounted beside the dashboard at ``/sessions``."""
 
 
 @dataclass
@@ -95,6 +98,11 @@ def mount(api: FastAPI, pod: Pod, pages: Sequence[Callable[[FastAPI, Web], None]
     for register in pages:
         register(app, web)
     api.mount(ROOT, app)
+    proxy = FastAPI(title="deskpod sessions", openapi_url=None, docs_url=None, redoc_url=None)
+    proxy.state.web = web
+    _errors(proxy)  # the dashboard's sign-in and error pages, outside /ui
+    importlib.import_module(SESSIONS).register(proxy, web)
+    api.mount(PREFIX, proxy)
 
     @api.get("/", include_in_schema=False)
     def root() -> Response:

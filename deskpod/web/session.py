@@ -193,11 +193,11 @@ def check_login_token(request: Request, sent: str | None) -> None:
 
 
 def safe_next(target: str | None) -> str:
-    """Where to go after signing in: a path of this dashboard only (never another site)."""
+    """Where to go after signing in: a path of this dashboard or of a session (never another site)."""
     if not target:
         return f"{ROOT}/"
     parts = urlsplit(target)
-    if parts.scheme or parts.netloc or not parts.path.startswith(f"{ROOT}/") or "\\" in target:
+    if parts.scheme or parts.netloc or not parts.path.startswith((f"{ROOT}/", "/sessions/")) or "\\" in target:
         return f"{ROOT}/"
     return target
 

@@ -9,6 +9,10 @@ kind's argv is built in one place. A kind is a module with this shape (`Kind`)::
     train     [train] model = "resnet18" ...         deskpod train on the table, resumed (kinds/train.py)
     serve     [serve] run = "/abs/runs/NAME" ...     export the run if new, then deskpod serve (kinds/serve.py)
     video     [video] sources = ["/abs/cam.mp4"] ...  deskpod video index, its figures to a file (kinds/video.py)
+    notebook  [notebook]                             JupyterLab, reached through the pod (kinds/notebook.py)
+
+A session kind (``SESSION = True``: notebook) serves people rather than finishing work: its process answers HTTP on
+the Unix socket `deskpod.jobs.kinds.session.SOCKET` in its folder, and the pod forwards ``/sessions/<id>/`` there.
 
 ``deskpod run --submit`` queues a command job whose argv is ``deskpod run ...`` (kinds/run.py builds it).
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from deskpod.jobs.kinds import command, serve, train, video
+from deskpod.jobs.kinds import command, notebook, serve, train, video
 
 
 class Kind(Protocol):
@@ -26,6 +30,10 @@ class Kind(Protocol):
 
     SCHEMA: dict[str, Any]
     """Its field's JSON Schema, for the OpenAPI document (``parse`` enforces it, with the one-line messages)."""
+    ENVIRONMENT: bool
+    """Whether it runs the user's own code, so that the spec's ``[environment]`` or ``stack`` applies."""
+    SESSION: bool
+    """Whether it is a session (see above): an HTTP server on its folder's socket, proxied by the pod."""
 
     def parse(self, value: object) -> Any: ...
     def default_name(self, value: Any, fallback: str) -> str: ...
@@ -36,5 +44,5 @@ class Kind(Protocol):
         """The command line job ``name`` runs in its ``folder`` (writing there what the command line names)."""
 
 
-KINDS: dict[str, Kind] = {"command": command, "train": train, "serve": serve, "video": video}
+KINDS: dict[str, Kind] = {"command": command, "train": train, "serve": serve, "video": video, "notebook": notebook}
 """A spec has exactly one of these fields; it says what the job runs."""

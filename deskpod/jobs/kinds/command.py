@@ -15,6 +15,8 @@ MAX_ARG_CHARS = 8192
 NO_NUL = "^[^\\u0000]*$"
 """A string without NUL characters (JSON Schema pattern)."""
 
+ENVIRONMENT = True
+SESSION = False
 SCHEMA: dict[str, Any] = {
     "type": "array",
     "items": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},

@@ -39,6 +39,8 @@ OPTION_KEYS = ("format", "max_batch_size", "max_queue_delay_us", "instances", "t
 SOURCE_FILE = "source.json"
 """Beside each exported version: the checkpoint it came from and the options it was exported with."""
 
+ENVIRONMENT = False
+SESSION = False
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,

@@ -31,6 +31,8 @@ def _toml_value(depth: int) -> dict[str, Any]:
     return {"type": ["string", "number", "boolean", "array", "object"], "items": inner, "additionalProperties": inner}
 
 
+ENVIRONMENT = False
+SESSION = False
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": _toml_value(3),

@@ -70,6 +70,8 @@ WEBHOOK = "^https?://[^\\u0000-\\u0020\\u007f/?#]+([/?#][^\\u0000-\\u0020\\u007f
 MAX_RULES = 64
 RULE_EXAMPLE = 'rules = [{kind = "enter", region = [[440, 280], [560, 280], [560, 340], [440, 340]]}]'
 
+ENVIRONMENT = False
+SESSION = False
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,

@@ -1,0 +1,137 @@
+"""``deskpod notebook``: a session on the pod (`deskpod.jobs.kinds.notebook`), queued like any job, and its URL
+once it answers (``/sessions/<id>/`` on the pod's own address, behind its sign-in)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from deskpod.errors import ConfigError, ServiceError
+
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhd]))+$")
+START_WAIT_S = 600.0
+"""How long the command waits for the session to answer before it gives its id and returns (it keeps running)."""
+
+
+def parse_duration(text: str) -> float:
+    """``4h``, ``90m``, ``1h30m``, ``45s``, or plain seconds: seconds; `ConfigError` naming the value otherwise."""
+    t = text.strip().lower()
+    if t.replace(".", "", 1).isdigit():
+        seconds = float(t)
+    elif DURATION_RE.match(t):
+        seconds = sum(float(n) * UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smhd])", t))
+    else:
+        raise ConfigError(f"--time {text!r}: expected a duration like 4h, 90m, 1h30m or 3600 (seconds)")
+    if seconds <= 0:
+        raise ConfigError(f"--time {text!r}: expected a duration above 0, e.g. 4h")
+    return seconds
+
+
+def add_session_options(p: argparse.ArgumentParser, *, devices: bool = True) -> None:
+    """The options every session command has."""
+    if devices:
+        p.add_argument("--devices", help="GPUs (CPU worker slots on a CPU box) the session holds: a count (default 1)")
+    p.add_argument("--time", help="how long it may run, e.g. 4h or 90m (default: the pod's limit, if any)")
+    p.add_argument("--name", help="its name in the queue (letters, digits, . _ -)")
+    p.add_argument("--no-wait", action="store_true", help="queue it and print its id; do not wait for it to answer")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("notebook", help="JupyterLab as a pod job, on the devices it holds, through the pod's URL")
+    add_session_options(p)
+    p.add_argument("--workdir", type=Path, help="the folder JupyterLab opens (default: this one)")
+    p.add_argument("--env", type=Path, metavar="REQUIREMENTS", help="its own environment: this requirements.txt "
+                   "(with ipykernel among its packages)")  # fmt: skip
+    p.add_argument("--package", action="append", default=[], metavar="REQ",
+                   help="its own environment with this package (repeatable; add ipykernel)")  # fmt: skip
+    p.add_argument("--python", help="the environment's Python version, e.g. 3.11 (default: the pod's own)")
+    p.set_defaults(func=notebook)
+
+
+def session_spec(args: argparse.Namespace, kind: str, table: dict[str, Any]) -> dict[str, Any]:
+    """The job spec of a session command: its kind's table, and the common options."""
+    spec: dict[str, Any] = {kind: table}
+    if getattr(args, "devices", None) is not None:
+        spec["devices"] = args.devices
+    if args.time is not None:
+        spec["max_runtime"] = parse_duration(args.time)
+    if args.name is not None:
+        spec["name"] = args.name
+    return spec
+
+
+def notebook(args: argparse.Namespace) -> int:
+    spec = session_spec(args, "notebook", {})
+    spec["workdir"] = str((args.workdir or Path.cwd()).resolve())
+    if args.env or args.package or args.python:
+        from deskpod.envs.definition import parse_environment
+
+        table: dict[str, Any] = {}
+        if args.env:
+            table["requirements"] = str(args.env.resolve())
+        if args.package:
+            table["packages"] = list(args.package)
+        if args.python:
+            table["python"] = args.python
+        spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
+    return open_session(spec, "lab", no_wait=args.no_wait)
+
+
+def open_session(spec: dict[str, Any], page: str, *, no_wait: bool) -> int:
+    """Submit ``spec``, wait until its server answers through the pod, and print its URL (``page`` under it)."""
+    from deskpod.cli.pod import _client
+
+    with _client() as c:
+        job = c.submit(spec)
+        job_id = str(job["id"])
+        print(f"deskpod: session {job_id} queued", file=sys.stderr, flush=True)
+        if no_wait:
+            print(job_id)
+            return 0
+        base = f"/sessions/{job_id}/"
+        deadline = time.monotonic() + START_WAIT_S
+        said = ""
+        while True:
+            state = c.job(job_id)
+            if state["state"] not in ("queued", "starting", "building", "running"):
+                raise ServiceError(f"session {job_id} ended before it answered ({state['state']}: "
+                                   f"{state.get('reason') or 'see deskpod logs ' + job_id})")  # fmt: skip
+            if state["state"] != said:
+                said = state["state"]
+                if said != "running":
+                    print(f"deskpod: session {job_id} {said}: {state.get('reason') or ''}".rstrip(": "),
+                          file=sys.stderr, flush=True)  # fmt: skip
+            if said == "running" and answers(c, base):
+                break
+            if time.monotonic() > deadline:
+                print(f"deskpod: session {job_id} does not answer yet; `deskpod show {job_id}` follows it",
+                      file=sys.stderr)  # fmt: skip
+                print(job_id)
+                return 1
+            time.sleep(0.1)
+        print(f"{pod_url(c)}{base}{page}")
+    return 0
+
+
+def answers(client: Any, base: str) -> bool:
+    """Whether the session's server answers through the pod (anything but 503, its 'not yet')."""
+    status = client.probe(base)
+    return status is not None and status != 503
+
+
+def pod_url(client: Any) -> str:
+    """The pod's HTTP address, for a browser: the client's, or (over the Unix socket) the one the daemon wrote."""
+    if str(client.url).startswith("http"):
+        return str(client.url).rstrip("/")
+    from deskpod.environment import Environment
+    from deskpod.jobs.client import find_url
+
+    try:
+        return find_url(Environment.read()).rstrip("/")
+    except Exception:  # no daemon.json: the path alone still says where
+        return ""

@@ -1,0 +1,283 @@
+"""``/sessions/<id>/``: the pod forwards a session job's URLs (HTTP and WebSocket) to its server, for its owner only.
+
+A session (`deskpod.jobs.kinds.session`: a notebook, a shell, TensorBoard) serves on a Unix socket in its job folder.
+Here the pod signs the caller in as its pages do (the dashboard's cookie, a bearer token, or the pod's own Unix
+socket, where the kernel says who is calling) and forwards the request when the caller owns the job. Anyone else —
+another user, an admin too — gets the 404 of a job that does not exist: a session runs code as its owner, and a
+forwarded request is that owner's. Anonymous browsers get the sign-in page, then come back. The pod's own cookie and
+``Authorization`` header are not forwarded: the session's code never sees the caller's pod credentials.
+
+The job's folder is its owner's, so its owner could put another socket (or a link to one) where the session's should
+be; every connection checks the kernel's word on who listens (``SO_PEERCRED``) against the job's account, so a
+request never reaches another account's server (or the pod's own socket) through a planted link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any, cast
+
+import httpcore
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from deskpod.errors import DeskpodError, NotFoundError, UnavailableError
+from deskpod.jobs.api import PEER
+from deskpod.jobs.kinds import KINDS
+from deskpod.jobs.kinds.session import PREFIX, socket_path
+from deskpod.jobs.states import JobState
+from deskpod.jobs.store import JobRecord, User
+from deskpod.web import render
+from deskpod.web.app import Web
+from deskpod.web.session import COOKIE, SignInRequired, login_url, viewer
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "host"})  # fmt: skip
+"""Headers of one connection, not of the request (RFC 9110 7.6.1); ``host`` is set again from the request's."""
+WS_HEADERS = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions",
+                        "sec-websocket-protocol", "sec-websocket-accept", "origin"})  # fmt: skip
+"""What the WebSocket client library writes itself on the way to the session."""
+CONNECT_S = 10.0
+"""Seconds to connect to a session's socket and get its answer's head (a kernel's start answers within this)."""
+
+
+class SessionNotReady(UnavailableError):
+    """The session is queued or starting, or its server does not answer yet (HTTP 503: try again)."""
+
+
+async def caller(connection: Request | WebSocket, web: Web) -> User:
+    """Who is asking: on the pod's Unix socket the kernel says (when no cookie or token is sent); else the
+    dashboard's session cookie or a bearer token (`deskpod.web.session.viewer`)."""
+    peer = connection.scope.get(PEER)
+    accounts = web.pod.accounts
+    if (
+        peer is not None
+        and accounts is not None
+        and not connection.headers.get("authorization")
+        and (not connection.cookies.get(COOKIE))
+    ):
+        return accounts.user_of(peer)
+    return (await viewer(cast(Request, connection))).user
+
+
+def session_job(web: Web, user: User, job_id: str) -> JobRecord:
+    """The caller's own session job; anything else (another's, an admin's view of it, not a session) is a 404."""
+    try:
+        job = web.pod.visible_job(user, job_id)
+    except NotFoundError:
+        job = None
+    if job is None or job.user != user.name or not KINDS[job.spec.kind].SESSION:
+        raise NotFoundError(f"no session {job_id!r:.40} of yours (`deskpod jobs` lists your jobs)")
+    if job.state in (JobState.QUEUED, JobState.STARTING, JobState.BUILDING):
+        raise SessionNotReady(f"session {job.id} is {job.state.value}: {job.reason or 'waiting'}; it opens here when"
+                              " it runs")  # fmt: skip
+    if job.state is not JobState.RUNNING:
+        raise NotFoundError(f"session {job.id} has ended ({job.state.value}); start a new one")
+    return job
+
+
+def account_uid(web: Web, user: User) -> int:
+    """The uid the session's server runs as: the user's account on a pod with accounts, else the pod's own."""
+    isolation = web.pod.isolation
+    account = isolation.account(user) if isolation is not None else None
+    return account.uid if account is not None else os.getuid()
+
+
+def check_listener(sock: socket.socket, uid: int, where: Path) -> None:
+    """Refuse a socket whose listening process is not the session's account (a planted link, a stale socket)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    peer_uid = int.from_bytes(raw[4:8], "little", signed=True)
+    if peer_uid != uid:
+        raise SessionNotReady(f"the session's socket {where} is not served by its own account; it answers when the "
+                              "session's server listens there again")  # fmt: skip
+
+
+class CheckedBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's own backend, refusing a Unix socket whose listener is not ``uid`` (`check_listener`)."""
+
+    def __init__(self, uid: int, where: Path) -> None:
+        self.uid, self.where, self.inner = uid, where, httpcore.AnyIOBackend()
+
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                  socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:  # fmt: skip
+        stream = await self.inner.connect_unix_socket(path, timeout, socket_options)
+        try:
+            check_listener(stream.get_extra_info("socket"), self.uid, self.where)
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream
+
+    async def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.AsyncNetworkStream:
+        raise RuntimeError("a session is reached on its Unix socket only")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+class Upstreams:
+    """One connection pool per running session (kept while its socket file stays the same), so a page's many
+    requests reuse their connections."""
+
+    def __init__(self) -> None:
+        self.pools: dict[int, tuple[tuple[int, int, int], httpcore.AsyncConnectionPool]] = {}
+
+    async def pool(self, job: JobRecord, folder: Path, uid: int) -> httpcore.AsyncConnectionPool:
+        path = socket_path(folder)
+        try:
+            st = path.lstat()
+        except OSError:
+            raise SessionNotReady(f"session {job.id} is starting; its server does not listen yet") from None
+        key = (st.st_ino, st.st_dev, uid)
+        held = self.pools.get(job.id)
+        if held is not None and held[0] == key:
+            return held[1]
+        if held is not None:
+            await held[1].aclose()
+        for other in [j for j in self.pools if j != job.id and len(self.pools) > 256]:
+            await self.pools.pop(other)[1].aclose()
+        pool = httpcore.AsyncConnectionPool(uds=str(path), network_backend=CheckedBackend(uid, path),
+                                            max_connections=32, keepalive_expiry=30.0)  # fmt: skip
+        self.pools[job.id] = (key, pool)
+        return pool
+
+
+def forwarded_headers(
+    headers: Iterable[tuple[str, str]], *, drop: frozenset[str] = HOP_BY_HOP
+) -> list[tuple[str, str]]:
+    """The request's headers for the session: without the connection's, the pod's credentials (``Authorization``,
+    the pod's session cookie) and ``drop``."""
+    out = []
+    for name, value in headers:
+        low = name.lower()
+        if low in drop or low == "authorization":
+            continue
+        if low == "cookie":
+            kept = [c for c in value.split(";") if c.strip() and c.strip().split("=", 1)[0] != COOKIE]
+            if not kept:
+                continue
+            value = ";".join(kept).strip()
+        out.append((name, value))
+    return out
+
+
+def register(app: FastAPI, web: Web) -> None:
+    """The ``/sessions`` app (mounted at `PREFIX`): every method and the WebSocket of ``/<id>/<path>``."""
+    upstreams = Upstreams()
+    app.state.upstreams = upstreams
+
+    @app.api_route("/{job_id}", methods=["GET", "HEAD"])
+    async def bare(job_id: str) -> Response:
+        return RedirectResponse(f"{PREFIX}/{job_id}/", status_code=307)
+
+    @app.api_route("/{job_id}/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    async def forward(request: Request, job_id: str, path: str) -> Response:
+        try:
+            user = await caller(request, web)
+        except SignInRequired:
+            if request.method == "GET" and not render.wants_json(request):
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(login_url(target), status_code=303)
+            raise
+        job = session_job(web, user, job_id)
+        folder = web.pod.job_folder(job)
+        pool = await upstreams.pool(job, folder, account_uid(web, user))
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = [("Host", request.headers.get("host", "localhost")), *forwarded_headers(request.headers.items())]
+        if request.headers.get("content-length") is None and request.method in ("POST", "PUT", "PATCH"):
+            headers.append(("Transfer-Encoding", "chunked"))
+        elif request.headers.get("content-length") is not None:
+            headers = [h for h in headers if h[0].lower() != "content-length"]
+            headers.append(("Content-Length", request.headers["content-length"]))
+        upstream_request = httpcore.Request(
+            request.method, f"http://session{target}", headers=headers, content=request.stream(),
+            extensions={"timeout": {"connect": CONNECT_S, "read": None, "write": CONNECT_S, "pool": CONNECT_S}},
+        )  # fmt: skip
+        try:
+            answer = await pool.handle_async_request(upstream_request)
+        except (httpcore.ConnectError, httpcore.RemoteProtocolError, FileNotFoundError, ConnectionError) as e:
+            raise SessionNotReady(f"session {job.id} does not answer yet ({type(e).__name__}); try again") from None
+        head = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in answer.headers]
+        kept = {k: v for k, v in head if k.lower() not in HOP_BY_HOP and k.lower() != "set-cookie"}
+        body = cast(AsyncIterator[bytes], answer.stream)
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in body:
+                    yield chunk
+            finally:
+                await answer.aclose()
+
+        response = StreamingResponse(relay(), status_code=answer.status, headers=kept)
+        for k, v in head:
+            if k.lower() == "set-cookie":
+                response.raw_headers.append((b"set-cookie", v.encode("latin-1")))
+        return response
+
+    @app.websocket("/{job_id}/{path:path}")
+    async def forward_ws(websocket: WebSocket, job_id: str, path: str) -> None:
+        import websockets
+        from websockets.asyncio.client import unix_connect
+
+        try:
+            user = await caller(websocket, web)
+            job = session_job(web, user, job_id)
+        except DeskpodError:  # a closed door looks the same for anonymous, another user and no such session
+            await websocket.close(code=4404)
+            return
+        folder = web.pod.job_folder(job)
+        where = socket_path(folder)
+        target = websocket.url.path + (f"?{websocket.url.query}" if websocket.url.query else "")
+        host = websocket.headers.get("host", "localhost")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, str(where)), CONNECT_S)
+            check_listener(sock, account_uid(web, user), where)
+            upstream = await unix_connect(
+                uri=f"ws://{host}{target}", sock=sock, origin=websocket.headers.get("origin"),  # type: ignore[arg-type]
+                subprotocols=[p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")
+                              if p.strip()] or None,  # type: ignore[misc]
+                additional_headers=forwarded_headers(websocket.headers.items(), drop=HOP_BY_HOP | WS_HEADERS),
+                compression=None, max_size=None, ping_interval=None, user_agent_header=None, open_timeout=CONNECT_S,
+            )  # fmt: skip
+        except (OSError, TimeoutError, DeskpodError, websockets.InvalidHandshake):
+            sock.close()
+            await websocket.close(code=1013)  # try again later
+            return
+        async with upstream:
+            await websocket.accept(subprotocol=upstream.subprotocol)
+
+            async def down() -> None:  # session -> browser
+                async for message in upstream:
+                    if isinstance(message, str):
+                        await websocket.send_text(message)
+                    else:
+                        await websocket.send_bytes(message)
+
+            async def up() -> None:  # browser -> session
+                while True:
+                    message = await websocket.receive()
+                    if message["type"] == "websocket.disconnect":
+                        return
+                    if message.get("text") is not None:
+                        await upstream.send(message["text"])
+                    elif message.get("bytes") is not None:
+                        await upstream.send(message["bytes"])
+
+            tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up())]
+            with contextlib.suppress(websockets.ConnectionClosed, WebSocketDisconnect, RuntimeError):
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks, return_exceptions=True)
+        if websocket.client_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(RuntimeError):
+                await websocket.close(code=upstream.close_code or 1000)

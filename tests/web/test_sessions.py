@@ -1,0 +1,201 @@
+"""Notebook sessions through the pod, the way users deploy: a root pod with its default sandbox, real Unix users.
+
+ann's notebook runs as ann in her sandbox; the pod forwards ``/sessions/<id>/`` (HTTP and WebSocket) to it for ann
+alone. Chromium opens it and runs a cell; ben and the admin get 404, anonymous gets the sign-in page; a link ann
+plants where her session's socket should be never takes a request anywhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from websockets.asyncio.client import connect
+
+from deskpod.envs.accounts import Account
+from tests.jobs.pods import Pod, Pods, wait_for, wait_state
+from tests.unix_users import make_users, shared_folder
+from tests.web.browser import CHROMIUM, launch_chromium, open_signed_in
+
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.skipif(os.geteuid() != 0, reason="sessions run as their users only on a pod started by root"),
+]
+
+CELL = ("import os, getpass, torch; print('SEEN', getpass.getuser(), os.environ.get('DESKPOD_CPU_SLOTS'), "
+        "repr(os.environ.get('CUDA_VISIBLE_DEVICES')), torch.cuda.device_count())")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Path]:
+    with shared_folder("deskpod-sessions-") as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[tuple[Account, Account]]:
+    with make_users("ann", "ben") as (ann, ben):
+        yield ann, ben
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory, box: Path) -> Iterator[Pod]:
+    pods = Pods(tmp_path_factory.mktemp("sessions"))
+    try:
+        yield pods("--socket", str(box / "pod.sock"), sandbox=True)
+    finally:
+        pods.stop_all()
+
+
+@pytest.fixture(scope="module")
+def tokens(pod: Pod, users: tuple[Account, Account]) -> dict[str, str]:
+    admin = pod.client()
+    return {a.name: str(admin.add_user(a.name, os_user=a.name)["token"]) for a in users}
+
+
+@pytest.fixture(scope="module")
+def notebook(pod: Pod, users: tuple[Account, Account], tokens: dict[str, str], box: Path) -> str:
+    """ann's notebook on 2 CPU slots, its files in her own folder; its id once it answers."""
+    ann, _ = users
+    files = box / "ann-notebooks"
+    files.mkdir()
+    os.chown(files, ann.uid, ann.gid)
+    c = pod.client(tokens[ann.name])
+    job = str(c.submit({"notebook": {}, "devices": 2, "workdir": str(files)})["id"])
+    wait_state(c, job, "running", timeout=60)
+    wait_for(lambda: c.probe(f"/sessions/{job}/api/status") == 200, 60, "the notebook to answer through the pod")
+    return job
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_only_the_owner_reaches_the_session(pod: Pod, notebook: str, tokens: dict[str, str],
+                                            users: tuple[Account, Account]) -> None:  # fmt: skip
+    ann, ben = users
+    with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
+        mine = http.get(f"/sessions/{notebook}/api/status", headers=bearer(tokens[ann.name]))
+        assert mine.status_code == 200 and "kernels" in mine.json()
+        for who in (tokens[ben.name], pod.token):  # another user, and the pod's admin
+            r = http.get(f"/sessions/{notebook}/api/contents", headers=bearer(who))
+            assert r.status_code == 404, r.text
+            assert "no session" in r.text
+        anonymous = http.get(f"/sessions/{notebook}/lab")
+        assert anonymous.status_code == 303
+        assert anonymous.headers["location"] == f"/ui/login?next=/sessions/{notebook}/lab"
+        assert http.get(f"/sessions/{notebook}/api/status", headers={"Accept": "application/json"}).status_code == 401
+        assert http.get("/sessions/999999/api/status", headers=bearer(tokens[ann.name])).status_code == 404
+
+
+def _ws_url(pod: Pod, notebook: str, kernel: str) -> str:
+    return f"ws://127.0.0.1:{pod.port}/sessions/{notebook}/api/kernels/{kernel}/channels"
+
+
+async def _execute(url: str, headers: dict[str, str], code: str) -> str:
+    """Run ``code`` on the kernel behind ``url`` (Jupyter's messaging over its WebSocket); its stdout."""
+    async with connect(url, additional_headers=headers, max_size=None) as ws:
+        msg_id = uuid.uuid4().hex
+        await ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "", "session": uuid.uuid4().hex,
+                       "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        }))  # fmt: skip
+        out = ""
+        while True:
+            m = json.loads(await asyncio.wait_for(ws.recv(), 120))
+            if m.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if m["msg_type"] == "stream":
+                out += m["content"]["text"]
+            if m["msg_type"] == "execute_reply":
+                return out
+
+
+def start_kernel(http: httpx.Client, notebook: str, headers: dict[str, str]) -> str:
+    """A kernel of the session, started through the pod (Jupyter's own cross-site check: its _xsrf cookie)."""
+    http.get(f"/sessions/{notebook}/lab", headers=headers)
+    xsrf = http.cookies.get("_xsrf")
+    assert xsrf, "JupyterLab set no _xsrf cookie through the pod"
+    r = http.post(f"/sessions/{notebook}/api/kernels", headers={**headers, "X-XSRFToken": xsrf}, json={})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def test_a_kernel_runs_as_the_owner_on_its_devices_over_the_websocket(
+    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account]
+) -> None:
+    ann, ben = users
+    with httpx.Client(base_url=pod.url, trust_env=False, timeout=60) as http:
+        kernel = start_kernel(http, notebook, bearer(tokens[ann.name]))
+    url = _ws_url(pod, notebook, kernel)
+    out = asyncio.run(_execute(url, bearer(tokens[ann.name]), CELL))
+    held = wait_state(pod.client(), notebook, "running")["assigned"]
+    assert out.split() == ["SEEN", ann.name, ",".join(map(str, held)), "''", "0"], out
+
+    async def refused(headers: dict[str, str]) -> int | None:
+        try:
+            async with connect(url, additional_headers=headers) as ws:
+                await ws.recv()
+        except websockets.ConnectionClosed as e:
+            return e.rcvd.code if e.rcvd else None
+        except websockets.InvalidStatus as e:
+            return e.response.status_code
+        return None
+
+    for headers in (bearer(tokens[ben.name]), bearer(pod.token), {}):
+        assert asyncio.run(refused(headers)) in (4404, 403), headers
+
+
+def test_chromium_opens_the_notebook_and_runs_a_cell(
+    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account]
+) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium for these tests")
+    from playwright.sync_api import sync_playwright
+
+    ann, _ = users
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page, _ = open_signed_in(browser, pod, f"/sessions/{notebook}/lab", tokens[ann.name])
+            tile = page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text="Python 3 (job)").first
+            tile.click(timeout=120_000)  # the launcher's notebook tile: the job's kernel
+            cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+            cell.click(timeout=60_000)
+            page.keyboard.type(CELL)
+            page.keyboard.press("Shift+Enter")
+            output = page.locator(".jp-OutputArea-output", has_text="SEEN").first
+            output.wait_for(timeout=120_000)
+            assert f"SEEN {ann.name}" in output.inner_text()
+            saved: Any = page.evaluate("document.title")
+            assert "Untitled" in str(saved) or "JupyterLab" in str(saved)
+        finally:
+            browser.close()
+
+
+def test_a_link_planted_for_the_socket_reaches_nothing_else(
+    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account], box: Path
+) -> None:
+    """ann points her session's socket at the pod's own (root's): the pod refuses to forward there (last: it breaks
+    her session)."""
+    ann, _ = users
+    folder = pod.home / "jobs" / notebook
+    sock = folder / "session.sock"
+    sock.rename(folder / "session.real")
+    os.symlink(box / "pod.sock", sock)
+    os.lchown(sock, ann.uid, ann.gid)
+    with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
+        r = http.get(f"/sessions/{notebook}/v1/whoami", headers=bearer(tokens[ann.name]))
+        assert r.status_code == 503, r.text
+        assert "not served by its own account" in r.text
