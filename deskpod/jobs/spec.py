@@ -112,8 +112,13 @@ class JobSpec:
     """What to index (`deskpod.jobs.kinds.video`): the job runs ``deskpod video index`` on its streams."""
     notebook: Mapping[str, Any] | None = None
     """A JupyterLab session (`deskpod.jobs.kinds.notebook`), reached through the pod at ``/sessions/<id>/``."""
+    shell: Mapping[str, Any] | None = None
+    """A shell in a pty (`deskpod.jobs.kinds.shell`), a WebSocket through the pod at ``/sessions/<id>/terminal``."""
+    tensorboard: Mapping[str, Any] | None = None
+    """TensorBoard over runs (`deskpod.jobs.kinds.tensorboard`), through the pod at ``/sessions/<id>/``."""
     devices: int | str = 1
-    """A count from 1, or ``"all"`` (resolved to this box's device count at submission)."""
+    """A count from 1, or ``"all"`` (resolved to this box's device count at submission); 0 for a kind that holds
+    none (its module's ``DEVICES = 0``: tensorboard), and only for such a kind."""
     placement: str = "best"
     """The placement policy: ``best``, ``pack`` or ``partition:<name>``."""
     priority: int = 0
@@ -193,6 +198,14 @@ def without_nulls(data: object) -> object:
     return out
 
 
+def _fixed(data: Mapping[str, Any], fixed: int, kind: str) -> int:
+    """The ``devices`` of a kind that always holds ``fixed`` of them (`deskpod.jobs.kinds.tensorboard.DEVICES`)."""
+    v = whole(data.get("devices", fixed))
+    if isinstance(v, bool) or v not in (fixed, str(fixed)):
+        raise bad("devices", v, f"a {kind} job holds {fixed} devices; leave devices out")
+    return fixed
+
+
 def _devices(v: object, device_count: int | None) -> int | str:
     v = whole(v)
     if isinstance(v, str) and v.strip().lower() == "all":
@@ -225,10 +238,12 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         raise ConfigError(
             'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]), train (a table of'
             " deskpod train settings), serve (a table with run = PATH), video (a table with sources = [...]) and"
-            f" notebook (a table, e.g. {{}}); got {' and '.join(given) or 'none'}"
+            " notebook, shell (tables, e.g. {}) and tensorboard (a table with runs = [...]);"
+            f" got {' and '.join(given) or 'none'}"
         )
     kind = KIND_MODULES[given[0]]
     value = kind.parse(data[given[0]])
+    fixed: int | None = getattr(kind, "DEVICES", None)
     name = data.get("name", kind.default_name(value, default_name))
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise bad(
@@ -278,7 +293,7 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     return JobSpec(
         name=name,
         **{given[0]: value},
-        devices=_devices(data.get("devices", 1), device_count),
+        devices=_devices(data.get("devices", 1), device_count) if fixed is None else _fixed(data, fixed, given[0]),
         placement=placement,
         priority=integer(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_runtime=None if max_runtime is None else float(max_runtime),
@@ -403,6 +418,11 @@ def _env_schema() -> dict[str, Any]:
     return {**ENVIRONMENT_SCHEMA, "properties": props, "oneOf": one_kind}
 
 
+def _devices_schema(fixed: int | None) -> dict[str, Any]:
+    """What one kind's ``devices`` may be: ``fixed`` when the kind always holds that many, else anything but 0."""
+    return {"const": fixed} if fixed is not None else {"not": {"const": 0}}
+
+
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -414,6 +434,7 @@ SPEC_SCHEMA: dict[str, Any] = {
             "properties": {
                 **{k: False for k in KINDS if k != kind},
                 **({} if KIND_MODULES[kind].ENVIRONMENT else {"environment": False, "stack": False}),
+                "devices": _devices_schema(getattr(KIND_MODULES[kind], "DEVICES", None)),
             },
         }
         for kind in KINDS
@@ -422,7 +443,8 @@ SPEC_SCHEMA: dict[str, Any] = {
         "name": {"type": "string", "pattern": NAME_RE.pattern},
         **{name: kind.SCHEMA for name, kind in KIND_MODULES.items()},
         "devices": {
-            "oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}]
+            "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}],
+            "description": "a count from 1, or all; 0 (the only value) for a kind that holds none: tensorboard",
         },
         "placement": {"type": "string", "pattern": r"^(best|pack|partition:[A-Za-z0-9_-]{1,64})$", "example": "best"},
         "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},

@@ -88,8 +88,8 @@ def exit_status(code: int | None, sig: int | None) -> int:
 async def serve(folder: Path, program: str) -> int:
     """The shell in a pty, served on the job's socket until it ends; its exit status."""
     import tornado.web
-    from terminado import SingleTermManager, TermSocket
-    from terminado.management import PtyWithClients
+    from terminado.management import PtyWithClients, SingleTermManager
+    from terminado.websocket import TermSocket
     from tornado.httpserver import HTTPServer
     from tornado.netutil import bind_unix_socket
 
@@ -102,10 +102,12 @@ async def serve(folder: Path, program: str) -> int:
         def on_eof(self, ptywclients: PtyWithClients) -> None:
             super().on_eof(ptywclients)  # closes the pty: the shell is reaped (or ended) there
             proc = ptywclients.ptyproc
-            if not ended.done():  # the clients are told ["disconnect", 1] next; let that go out first
-                loop.call_later(
-                    0.2, lambda: ended.done() or ended.set_result(exit_status(proc.exitstatus, proc.signalstatus))
-                )
+            status = exit_status(proc.exitstatus, proc.signalstatus)
+            loop.call_later(0.2, finish, status)  # the clients are told ["disconnect", 1] next: let that go out
+
+    def finish(status: int) -> None:
+        if not ended.done():
+            ended.set_result(status)
 
     class About(tornado.web.RequestHandler):
         """The base path: what the session is (the pod's "does it answer yet" probe lands here)."""
