@@ -1,0 +1,218 @@
+"""Shell and TensorBoard sessions through the pod, the way users deploy: a root pod with its default sandbox, real
+Unix users.
+
+ann's shell runs as ann in her sandbox, on the devices it holds; its terminal (terminado's WebSocket) is forwarded
+for ann alone, and its exit status is the job's. ``deskpod shell``, run as ann on the pod's socket, attaches a piped
+terminal and exits with the shell's status. ann's TensorBoard, queued with ``deskpod tensorboard``, serves the
+scalars a real run wrote (torch's SummaryWriter), holding no device; ben gets 404, and TensorBoard over ann's run,
+which he cannot read, is refused at submission naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+from websockets.asyncio.client import connect
+
+from deskpod.envs.accounts import Account
+from deskpod.errors import ConflictError
+from tests.jobs.pods import Pod, Pods, as_user, wait_for, wait_state
+from tests.unix_users import make_users, shared_folder
+
+pytestmark = [
+    pytest.mark.server,
+    pytest.mark.skipif(os.geteuid() != 0, reason="sessions run as their users only on a pod started by root"),
+]
+
+LOSSES = [2.5, 1.25, 0.75, 0.5]
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[Path]:
+    with shared_folder("deskpod-shelltb-") as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[tuple[Account, Account]]:
+    with make_users("ann", "ben") as (ann, ben):
+        yield ann, ben
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory, box: Path) -> Iterator[Pod]:
+    pods = Pods(tmp_path_factory.mktemp("shelltb"))
+    try:
+        yield pods("--socket", str(box / "pod.sock"), sandbox=True)
+    finally:
+        pods.stop_all()
+
+
+@pytest.fixture(scope="module")
+def tokens(pod: Pod, users: tuple[Account, Account]) -> dict[str, str]:
+    admin = pod.client()
+    return {a.name: str(admin.add_user(a.name, os_user=a.name)["token"]) for a in users}
+
+
+@pytest.fixture(scope="module")
+def ann_folder(box: Path, users: tuple[Account, Account]) -> Path:
+    """ann's own folder (0700): where her shell starts and her run lies."""
+    ann, _ = users
+    folder = box / "ann"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, ann.uid, ann.gid)
+    return folder
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def as_account(account: Account, argv: list[str], box: Path, home: Path, stdin: str) -> tuple[int, str, str]:
+    """``deskpod ARGV`` run as ``account`` (in its ``home``) on the pod's socket (the kernel tells the pod who asks),
+    ``stdin`` piped in: its exit status, stdout and stderr. In a child that became the account (`as_user`): this
+    interpreter lies in a folder closed to it, so what the command imports is imported first."""
+    import websockets.asyncio.client  # noqa: F401 - imported before the fork, see above
+
+    import deskpod.cli.pod
+    import deskpod.jobs.attach
+    import deskpod.jobs.kinds.shell  # noqa: F401
+    from deskpod.cli import build_parser, main
+
+    build_parser()
+
+    def run() -> list[object]:
+        r, w = os.pipe()
+        os.write(w, stdin.encode())
+        os.close(w)
+        os.dup2(r, 0)
+        os.environ.update({"DESKPOD_SOCKET": str(box / "pod.sock"), "HOME": str(home)})
+        with tempfile.TemporaryFile("w+", dir=home) as out, tempfile.TemporaryFile("w+", dir=home) as err:
+            sys.stdout, sys.stderr = out, err
+            os.dup2(out.fileno(), 1)
+            code = main(argv)
+            out.flush()
+            err.flush()
+            out.seek(0)
+            err.seek(0)
+            return [code, out.read(), err.read()]
+
+    code, out, err = as_user(account, run)
+    return int(code), str(out), str(err)
+
+
+async def converse(url: str, headers: dict[str, str], typed: str) -> str:
+    """Type ``typed`` into the terminal behind ``url``; everything it wrote until the shell ended."""
+    async with connect(url, additional_headers=headers, max_size=None) as ws:
+        await ws.send(json.dumps(["set_size", 40, 132]))
+        await ws.send(json.dumps(["stdin", typed]))
+        out = ""
+        while True:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            if msg[0] == "stdout":
+                out += msg[1]
+            elif msg[0] == "disconnect":
+                return out
+
+
+async def refused(url: str, headers: dict[str, str]) -> int | None:
+    """The status (or close code) with which the pod turns the WebSocket away; None when it lets it through."""
+    try:
+        async with connect(url, additional_headers=headers) as ws:
+            await ws.recv()
+    except websockets.ConnectionClosed as e:
+        return e.rcvd.code if e.rcvd else None
+    except websockets.InvalidStatus as e:
+        return e.response.status_code
+    return None
+
+
+def test_a_shell_runs_as_its_owner_on_its_devices_and_its_exit_ends_the_job(
+    pod: Pod, tokens: dict[str, str], users: tuple[Account, Account], ann_folder: Path
+) -> None:
+    ann, ben = users
+    c = pod.client(tokens[ann.name])
+    job = str(c.submit({"shell": {}, "devices": 2, "workdir": str(ann_folder)})["id"])
+    wait_state(c, job, "running", timeout=60)
+    wait_for(lambda: c.probe(f"/sessions/{job}/") == 200, 60, "the shell to answer through the pod")
+    held = ",".join(map(str, wait_state(c, job, "running")["assigned"]))
+    url = f"ws://127.0.0.1:{pod.port}/sessions/{job}/terminal"
+    for headers in (bearer(tokens[ben.name]), bearer(pod.token), {}):  # another user, the admin, anonymous
+        assert asyncio.run(refused(url, headers)) in (4404, 403), headers
+    with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
+        assert http.get(f"/sessions/{job}/", headers=bearer(tokens[ben.name])).status_code == 404
+    typed = 'echo "WHO=$(id -un) AT=$(pwd) SLOTS=$DESKPOD_CPU_SLOTS SIZE=$(stty size | tr " " x)"; exit 3\r'
+    out = asyncio.run(converse(url, bearer(tokens[ann.name]), typed))
+    line = next(x for x in out.splitlines() if x.startswith("WHO="))
+    assert line.split() == [f"WHO={ann.name}", f"AT={ann_folder}", f"SLOTS={held}", "SIZE=40x132"], out
+    ended = wait_state(c, job, "failed", timeout=30)
+    assert ended["exit_code"] == 3
+
+
+def test_deskpod_shell_attaches_a_piped_terminal_and_exits_with_the_shell(
+    pod: Pod, tokens: dict[str, str], users: tuple[Account, Account], box: Path, ann_folder: Path
+) -> None:
+    ann, _ = users
+    code, out, err = as_account(
+        ann, ["shell", "--devices", "1", "--workdir", str(ann_folder)], box, ann_folder, "id -un\nexit 5\n"
+    )
+    assert code == 5, err
+    assert ann.name in out.split(), out
+    assert "queued" in err
+
+
+def write_run(folder: Path, account: Account) -> Path:
+    """A run folder as the trainer leaves it, its scalars in ``tb/`` (torch's SummaryWriter), ``account``'s alone."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = folder / "resnet-a"
+    writer = SummaryWriter(str(run / "tb"))
+    for step, loss in enumerate(LOSSES):
+        writer.add_scalar("train/loss", loss, step)
+    writer.close()
+    for path in [run, *run.rglob("*")]:
+        os.chown(path, account.uid, account.gid)
+    run.chmod(0o700)
+    return run
+
+
+def test_tensorboard_serves_a_runs_scalars_to_its_owner_alone(
+    pod: Pod, tokens: dict[str, str], users: tuple[Account, Account], box: Path, ann_folder: Path
+) -> None:
+    ann, ben = users
+    run = write_run(ann_folder, ann)
+    code, out, err = as_account(ann, ["tensorboard", str(run)], box, ann_folder, "")
+    assert code == 0, err
+    url = out.strip()
+    job = url.rstrip("/").rsplit("/", 1)[-1]
+    assert url.endswith(f"/sessions/{job}/"), url
+    c = pod.client(tokens[ann.name])
+    record = c.job(job)
+    assert record["kind"] == "tensorboard" and record["devices"] == 0 and record["assigned"] == []
+    scalars = f"/sessions/{job}/data/plugin/scalars/scalars"
+    query = {"run": "resnet-a/.", "tag": "train/loss"}
+    with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
+
+        def loaded() -> bool:  # TensorBoard reads the events on its first pass after it starts
+            return http.get(scalars, params=query, headers=bearer(tokens[ann.name])).status_code == 200
+
+        wait_for(loaded, 60, "TensorBoard to load the run's events")
+        got = http.get(scalars, params=query, headers=bearer(tokens[ann.name])).json()
+        assert [(step, value) for _, step, value in got] == list(enumerate(LOSSES))
+        assert "resnet-a/." in http.get(f"/sessions/{job}/data/runs", headers=bearer(tokens[ann.name])).json()
+        assert http.get(scalars, params=query, headers=bearer(tokens[ben.name])).status_code == 404
+    theirs = pod.client(tokens[ben.name])
+    for path in (run, box / "no-such-run"):  # a run ben cannot read, and one that is not there: the same line
+        with pytest.raises(ConflictError, match=f"tensorboard.runs '{path}' is not a run folder"):
+            theirs.submit({"tensorboard": {"runs": [str(path)]}})
+    c.cancel(job)
+    wait_state(c, job, "cancelled", "succeeded", "failed", timeout=30)
