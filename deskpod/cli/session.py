@@ -4,32 +4,16 @@ once it answers (``/sessions/<id>/`` on the pod's own address, behind its sign-i
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from deskpod.errors import ConfigError, ServiceError
+from deskpod.environment.sizes import parse_duration
+from deskpod.errors import ServiceError
 
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhd]))+$")
 START_WAIT_S = 600.0
 """How long the command waits for the session to answer before it gives its id and returns (it keeps running)."""
-
-
-def parse_duration(text: str) -> float:
-    """``4h``, ``90m``, ``1h30m``, ``45s``, or plain seconds: seconds; `ConfigError` naming the value otherwise."""
-    t = text.strip().lower()
-    if t.replace(".", "", 1).isdigit():
-        seconds = float(t)
-    elif DURATION_RE.match(t):
-        seconds = sum(float(n) * UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smhd])", t))
-    else:
-        raise ConfigError(f"--time {text!r}: expected a duration like 4h, 90m, 1h30m or 3600 (seconds)")
-    if seconds <= 0:
-        raise ConfigError(f"--time {text!r}: expected a duration above 0, e.g. 4h")
-    return seconds
 
 
 def add_session_options(p: argparse.ArgumentParser, *, devices: bool = True) -> None:

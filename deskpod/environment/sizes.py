@@ -1,5 +1,5 @@
 """Sizes as people write them (``20G``, ``512M``, ``1.5T``, ``4096``) and read them (``2.0 GiB``); K, M, G and T
-are powers of 1024."""
+are powers of 1024. Durations too (``4h``, ``90m``, ``1h30m``): `parse_duration`."""
 
 from __future__ import annotations
 
@@ -26,3 +26,23 @@ def format_bytes(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n} bytes"
+
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)([smhd]))+$")
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, what: str = "--time") -> float:
+    """Seconds in ``4h``, ``90m``, ``1h30m``, ``45s`` or plain seconds; `ConfigError` naming ``what`` (the flag or
+    field it came from) and the text otherwise."""
+    t = text.strip().lower()
+    if t.replace(".", "", 1).isdigit():
+        seconds = float(t)
+    elif _DURATION.match(t):
+        seconds = sum(float(n) * SECONDS[u] for n, u in _PART.findall(t))
+    else:
+        raise ConfigError(f"{what} {text!r}: expected a duration like 4h, 90m, 1h30m or 3600 (seconds)")
+    if seconds <= 0:
+        raise ConfigError(f"{what} {text!r}: expected a duration above 0, e.g. 4h")
+    return seconds

@@ -50,6 +50,7 @@ PAGES = (
     "deskpod.web.joblist",
     "deskpod.web.jobpage",
     "deskpod.web.launch",
+    "deskpod.web.sessionlist",
     "deskpod.web.compare",
     "deskpod.web.models",
     "deskpod.web.video",

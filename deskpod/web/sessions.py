@@ -172,6 +172,14 @@ def forwarded_headers(
     return out
 
 
+def waiting(request: Request, web: Web, job_id: str, why: str) -> Response:
+    """503 for a session that is not there yet: a page that reloads itself for a browser, JSON for a script."""
+    if request.method != "GET" or render.wants_json(request) or "text/html" not in request.headers.get("accept", ""):
+        return JSONResponse({"error": why}, status_code=503, headers={"Retry-After": "1"})
+    return render.page(request, "session_wait.html", {"error": why, "job": job_id}, None, title="Starting",
+                       status=503)  # fmt: skip
+
+
 def register(app: FastAPI, web: Web) -> None:
     """The ``/sessions`` app (mounted at `PREFIX`): every method and the WebSocket of ``/<id>/<path>``."""
     upstreams = Upstreams()
@@ -200,9 +208,12 @@ def register(app: FastAPI, web: Web) -> None:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(login_url(target), status_code=303)
             raise
-        job = session_job(web, user, job_id)
-        folder = web.pod.job_folder(job)
-        pool = await upstreams.pool(job, folder, account_uid(web, user))
+        try:
+            job = session_job(web, user, job_id)
+            folder = web.pod.job_folder(job)
+            pool = await upstreams.pool(job, folder, account_uid(web, user))
+        except SessionNotReady as e:
+            return waiting(request, web, job_id, str(e))
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = [("Host", request.headers.get("host", "localhost")), *forwarded_headers(request.headers.items())]
         if request.headers.get("content-length") is None and request.method in ("POST", "PUT", "PATCH"):
@@ -216,8 +227,11 @@ def register(app: FastAPI, web: Web) -> None:
         )  # fmt: skip
         try:
             answer = await pool.handle_async_request(upstream_request)
+        except SessionNotReady as e:
+            return waiting(request, web, job_id, str(e))
         except (httpcore.ConnectError, httpcore.RemoteProtocolError, FileNotFoundError, ConnectionError) as e:
-            raise SessionNotReady(f"session {job.id} does not answer yet ({type(e).__name__}); try again") from None
+            why = f"session {job.id} does not answer yet ({type(e).__name__}); try again"
+            return waiting(request, web, job_id, why)
         head = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in answer.headers]
         kept = {k: v for k, v in head if k.lower() not in HOP_BY_HOP and k.lower() != "set-cookie"}
         body = cast(AsyncIterator[bytes], answer.stream)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from deskpod.environment.sizes import parse_size
+from deskpod.environment.sizes import parse_duration, parse_size
 from deskpod.errors import ConfigError
 
 
@@ -22,3 +24,15 @@ def test_what_is_not_a_size_is_refused_naming_the_value_and_what_is_valid(text: 
     with pytest.raises(ConfigError) as e:
         parse_size(text, "--max-size")
     assert str(e.value) == f"--max-size {text!r}: not a size; use a number with K, M, G or T, e.g. 500M or 20G"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("4h", 14400.0), ("90m", 5400.0), ("1h30m", 5400.0), ("45s", 45.0),
+                                              ("3600", 3600.0), ("2d", 172800.0), (" 2.5M ", 150.0)])  # fmt: skip
+def test_durations_as_people_write_them(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "", "4x", "h4", "0", "0m", "-1h", "1h-30m"])
+def test_a_bad_duration_names_the_flag_and_the_value(text: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^--time {re.escape(repr(text))}: expected a duration"):
+        parse_duration(text)

@@ -8,6 +8,7 @@ plants where her session's socket should be never takes a request anywhere else.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
 import uuid
@@ -199,3 +200,41 @@ def test_a_link_planted_for_the_socket_reaches_nothing_else(
         r = http.get(f"/sessions/{notebook}/v1/whoami", headers=bearer(tokens[ann.name]))
         assert r.status_code == 503, r.text
         assert "not served by its own account" in r.text
+
+
+def test_new_notebook_from_the_dashboard_waits_then_opens(
+    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account]
+) -> None:
+    """The Sessions page lists ann's notebook with its link; "New notebook" queues one and lands on its waiting
+    page (more devices than are free: it waits), which a script sees as 503; a bad time is one line."""
+    ann, _ = users
+    from tests.web.browser import csrf_of, sign_in
+
+    c = sign_in(pod, tokens[ann.name])
+    try:
+        listing = c.get("/ui/sessions.json").json()
+        assert [s["url"] for s in listing["sessions"] if s["id"] == int(notebook)] == [f"/sessions/{notebook}/lab"]
+        csrf = csrf_of(c, "/ui/sessions")
+        bad = c.post("/ui/sessions/notebook", data={"csrf": csrf, "devices": "1", "time": "soon"})
+        assert bad.status_code == 400 and "time 'soon': expected a duration" in html.unescape(bad.text)
+        free = len(pod.client().status()["devices"]) - 2  # ann's first notebook holds 2
+        r = c.post("/ui/sessions/notebook", data={"csrf": csrf, "devices": str(free + 1), "time": "1h"})
+        assert r.status_code == 303 and r.headers["location"].endswith("/lab"), r.text
+        waiting = c.get(r.headers["location"], headers={"Accept": "text/html"})
+        assert waiting.status_code == 503 and 'http-equiv="refresh"' in waiting.text and "queued" in waiting.text
+        job = r.headers["location"].split("/")[2]
+        assert c.get(f"/sessions/{job}/api/status").status_code == 503
+        pod.client().cancel(job)
+    finally:
+        c.close()
+
+
+def test_bad_input_is_one_line(pod: Pod) -> None:
+    """More devices than the box has, a time that is no duration: one line each, exit 2, nothing queued."""
+    before = len(pod.client().jobs())
+    many = pod.cli("notebook", "--devices", "999")
+    assert many.returncode == 2 and many.stderr.strip().count("\n") == 0, many.stderr
+    assert "needs 999 devices and this box has" in many.stderr
+    soon = pod.cli("notebook", "--time", "soon")
+    assert soon.returncode == 2 and "--time 'soon': expected a duration" in soon.stderr
+    assert len(pod.client().jobs()) == before
