@@ -100,6 +100,7 @@ def test_no_preemption_of_equal_priority_or_when_disabled_or_while_victims_stop(
 
 
 def test_a_pass_over_many_queued_jobs_asks_placement_rarely() -> None:
+    lowest.calls = 0  # type: ignore[attr-defined]
     waiting = [Waiting(i, i % 3, 1 + i % 4) for i in range(1, 5001)]
     running = [Running(99999, 10, (0, 1, 2, 3, 4, 5), NOW)]
     plan = schedule(waiting, running, 8, lowest, NOW)

@@ -15,7 +15,6 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,42 +24,17 @@ from websockets.asyncio.client import connect
 
 from deskpod.envs.accounts import Account
 from deskpod.errors import ConflictError
-from tests.jobs.pods import Pod, Pods, as_user, wait_for, wait_state
-from tests.unix_users import make_users, shared_folder
+from tests.jobs.pods import Pod, as_user, wait_for, wait_state
+from tests.web import session_pods
 
 pytestmark = [
     pytest.mark.server,
     pytest.mark.skipif(os.geteuid() != 0, reason="sessions run as their users only on a pod started by root"),
 ]
+box, users, pod, tokens = session_pods.box, session_pods.users, session_pods.pod, session_pods.tokens
+"""The module's pod, users and tokens (`tests.web.session_pods`)."""
 
 LOSSES = [2.5, 1.25, 0.75, 0.5]
-
-
-@pytest.fixture(scope="module")
-def box() -> Iterator[Path]:
-    with shared_folder("deskpod-shelltb-") as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def users() -> Iterator[tuple[Account, Account]]:
-    with make_users("ann", "ben") as (ann, ben):
-        yield ann, ben
-
-
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory, box: Path) -> Iterator[Pod]:
-    pods = Pods(tmp_path_factory.mktemp("shelltb"))
-    try:
-        yield pods("--socket", str(box / "pod.sock"), sandbox=True)
-    finally:
-        pods.stop_all()
-
-
-@pytest.fixture(scope="module")
-def tokens(pod: Pod, users: tuple[Account, Account]) -> dict[str, str]:
-    admin = pod.client()
-    return {a.name: str(admin.add_user(a.name, os_user=a.name)["token"]) for a in users}
 
 
 @pytest.fixture(scope="module")

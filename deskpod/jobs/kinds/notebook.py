@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.jobs.kinds.fields import table
-from deskpod.jobs.kinds.session import SOCKET_PATH_MAX, base_path, socket_path
+from deskpod.jobs.kinds.session import base_path, socket_path, socket_too_long
 
 ENVIRONMENT = True
 SESSION = True
@@ -101,9 +101,9 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.notebook JOB_FOLDER", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    if len(str(socket_path(folder)).encode()) > SOCKET_PATH_MAX:
-        print(f"deskpod notebook: the session socket {socket_path(folder)} is longer than a Unix socket allows "
-              f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home", file=sys.stderr)  # fmt: skip
+    too_long = socket_too_long(folder, "deskpod notebook")
+    if too_long is not None:
+        print(too_long, file=sys.stderr)
         return 2
     jupyter = folder / "jupyter"
     write_kernel_spec(jupyter, kernel_python(os.environ))

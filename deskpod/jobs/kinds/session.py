@@ -37,3 +37,11 @@ def check_socket_path(folder: Path) -> None:
             f"a session's socket {str(path)!r} is longer than the {SOCKET_PATH_MAX} bytes a Unix socket allows; "
             "start the pod with a shorter --home"
         )
+
+
+def socket_too_long(folder: Path, command: str) -> str | None:
+    """What a session's process says, and exits 2 on, when its socket's path is too long to bind; else None."""
+    if len(str(socket_path(folder)).encode()) <= SOCKET_PATH_MAX:
+        return None
+    return (f"{command}: the session socket {socket_path(folder)} is longer than a Unix socket allows "
+            f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home")  # fmt: skip

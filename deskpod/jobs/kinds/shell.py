@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.jobs.kinds.fields import table
-from deskpod.jobs.kinds.session import SOCKET_PATH_MAX, base_path, socket_path
+from deskpod.jobs.kinds.session import base_path, socket_path, socket_too_long
 
 ENVIRONMENT = True
 SESSION = True
@@ -142,9 +142,9 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.shell JOB_FOLDER", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    if len(str(socket_path(folder)).encode()) > SOCKET_PATH_MAX:
-        print(f"deskpod shell: the session socket {socket_path(folder)} is longer than a Unix socket allows "
-              f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home", file=sys.stderr)  # fmt: skip
+    too_long = socket_too_long(folder, "deskpod shell")
+    if too_long is not None:
+        print(too_long, file=sys.stderr)
         return 2
     return asyncio.run(serve(folder, login_shell()))
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from deskpod.errors import ConflictError
 from deskpod.jobs.kinds.fields import absolute_path, bad, table
-from deskpod.jobs.kinds.session import SOCKET_PATH_MAX, base_path, socket_path
+from deskpod.jobs.kinds.session import base_path, socket_path, socket_too_long
 from deskpod.train.runs import NAME_MAX, RunPaths
 
 ENVIRONMENT = False
@@ -162,9 +162,9 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.tensorboard JOB_FOLDER RUN...", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    if len(str(socket_path(folder)).encode()) > SOCKET_PATH_MAX:
-        print(f"deskpod tensorboard: the session socket {socket_path(folder)} is longer than a Unix socket allows "
-              f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home", file=sys.stderr)  # fmt: skip
+    too_long = socket_too_long(folder, "deskpod tensorboard")
+    if too_long is not None:
+        print(too_long, file=sys.stderr)
         return 2
     missing = [r for r in args[1:] if not Path(r).is_dir()]
     if missing:
