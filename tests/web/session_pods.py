@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import websockets
+from websockets.asyncio.client import connect
 
 from deskpod.envs.accounts import Account
 from tests.jobs.pods import Pod, Pods
@@ -38,3 +40,15 @@ def pod(tmp_path_factory: pytest.TempPathFactory, box: Path) -> Iterator[Pod]:
 def tokens(pod: Pod, users: tuple[Account, Account]) -> dict[str, str]:
     admin = pod.client()
     return {a.name: str(admin.add_user(a.name, os_user=a.name)["token"]) for a in users}
+
+
+async def refused(url: str, headers: dict[str, str]) -> int | None:
+    """The status (or close code) with which the pod turns a session's WebSocket away; None when it lets it in."""
+    try:
+        async with connect(url, additional_headers=headers) as ws:
+            await ws.recv()
+    except websockets.ConnectionClosed as e:
+        return e.rcvd.code if e.rcvd else None
+    except websockets.InvalidStatus as e:
+        return e.response.status_code
+    return None

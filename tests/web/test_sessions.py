@@ -17,7 +17,6 @@ from typing import Any
 
 import httpx
 import pytest
-import websockets
 from websockets.asyncio.client import connect
 
 from deskpod.envs.accounts import Account
@@ -118,18 +117,8 @@ def test_a_kernel_runs_as_the_owner_on_its_devices_over_the_websocket(
     held = wait_state(pod.client(), notebook, "running")["assigned"]
     assert out.split() == ["SEEN", ann.name, ",".join(map(str, held)), "''", "0"], out
 
-    async def refused(headers: dict[str, str]) -> int | None:
-        try:
-            async with connect(url, additional_headers=headers) as ws:
-                await ws.recv()
-        except websockets.ConnectionClosed as e:
-            return e.rcvd.code if e.rcvd else None
-        except websockets.InvalidStatus as e:
-            return e.response.status_code
-        return None
-
     for headers in (bearer(tokens[ben.name]), bearer(pod.token), {}):
-        assert asyncio.run(refused(headers)) in (4404, 403), headers
+        assert asyncio.run(session_pods.refused(url, headers)) in (4404, 403), headers
 
 
 def test_chromium_opens_the_notebook_and_runs_a_cell(

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import websockets
 from websockets.asyncio.client import connect
 
 from deskpod.envs.accounts import Account
@@ -98,18 +97,6 @@ async def converse(url: str, headers: dict[str, str], typed: str) -> str:
                 return out
 
 
-async def refused(url: str, headers: dict[str, str]) -> int | None:
-    """The status (or close code) with which the pod turns the WebSocket away; None when it lets it through."""
-    try:
-        async with connect(url, additional_headers=headers) as ws:
-            await ws.recv()
-    except websockets.ConnectionClosed as e:
-        return e.rcvd.code if e.rcvd else None
-    except websockets.InvalidStatus as e:
-        return e.response.status_code
-    return None
-
-
 def test_a_shell_runs_as_its_owner_on_its_devices_and_its_exit_ends_the_job(
     pod: Pod, tokens: dict[str, str], users: tuple[Account, Account], ann_folder: Path
 ) -> None:
@@ -121,7 +108,7 @@ def test_a_shell_runs_as_its_owner_on_its_devices_and_its_exit_ends_the_job(
     held = ",".join(map(str, wait_state(c, job, "running")["assigned"]))
     url = f"ws://127.0.0.1:{pod.port}/sessions/{job}/terminal"
     for headers in (bearer(tokens[ben.name]), bearer(pod.token), {}):  # another user, the admin, anonymous
-        assert asyncio.run(refused(url, headers)) in (4404, 403), headers
+        assert asyncio.run(session_pods.refused(url, headers)) in (4404, 403), headers
     with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
         assert http.get(f"/sessions/{job}/", headers=bearer(tokens[ben.name])).status_code == 404
     typed = 'echo "WHO=$(id -un) AT=$(pwd) SLOTS=$DESKPOD_CPU_SLOTS SIZE=$(stty size | tr " " x)"; exit 3\r'
