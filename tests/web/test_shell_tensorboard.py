@@ -177,3 +177,36 @@ def test_tensorboard_serves_a_runs_scalars_to_its_owner_alone(
             theirs.submit({"tensorboard": {"runs": [str(path)]}})
     c.cancel(job)
     wait_state(c, job, "cancelled", "succeeded", "failed", timeout=30)
+
+
+def test_the_dashboard_terminal_runs_a_command_as_the_owner(
+    pod: Pod, users: tuple[Account, Account], tokens: dict[str, str], ann_folder: Path
+) -> None:
+    """Chromium opens ann's shell on its job page's terminal (xterm.js over the proxied WebSocket), runs ``id -un``
+    and sees ann; ``exit`` there ends the job."""
+    from tests.web.browser import CHROMIUM, launch_chromium, open_signed_in
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium for these tests")
+    from playwright.sync_api import sync_playwright
+
+    from deskpod.web.terminal_page import vendor_dir
+
+    assert vendor_dir() is not None, "xterm.js is not installed: `make webvendor` installs it with npm"
+    ann, _ = users
+    c = pod.client(tokens[ann.name])
+    job = str(c.submit({"shell": {}, "devices": 1, "workdir": str(ann_folder)})["id"])
+    wait_state(c, job, "running", timeout=60)
+    with sync_playwright() as p:
+        browser = launch_chromium(p)
+        try:
+            page, errors = open_signed_in(browser, pod, f"/ui/jobs/{job}/terminal", tokens[ann.name])
+            page.locator("#terminal-status", has_text="connected").wait_for(timeout=60_000)
+            page.locator("#terminal .xterm-helper-textarea").focus()
+            page.keyboard.type("echo WHO=$(id -un)\n")
+            page.locator("#terminal .xterm-rows", has_text=f"WHO={ann.name}").wait_for(timeout=60_000)
+            page.keyboard.type("exit\n")
+            assert wait_state(c, job, "succeeded", "failed", timeout=60)["state"] == "succeeded"
+            assert errors == []
+        finally:
+            browser.close()
