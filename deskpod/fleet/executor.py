@@ -64,7 +64,7 @@ HEALTH_S = 300.0
 def wanted(spec: JobSpec) -> Wanted:
     """What routing needs of a spec."""
     count = int(spec.devices) if str(spec.devices).isdigit() else None
-    return Wanted(count, spec.placement, spec.max_runtime, spec.nodes)
+    return Wanted(count, spec.placement, spec.max_runtime, spec.nodes, spec.device_kind, spec.stack)
 
 
 def split(external: str) -> tuple[str, str]:
