@@ -37,7 +37,7 @@ from deskpod.errors import (
 )
 from deskpod.jobs import auth, metrics
 from deskpod.jobs.doctor import MAX_AGE_S
-from deskpod.jobs.pod import Pod
+from deskpod.jobs.pod import WATCH_MAX_S, Pod
 from deskpod.jobs.spec import SPEC_SCHEMA
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import User
@@ -255,6 +255,27 @@ def create_app(
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= 3600:
             raise ConfigError(f"seconds = {seconds!r}: expected seconds from 1 to 3600")
         held = await run_in_threadpool(pod.renew, user, ids, float(seconds))
+        return {"jobs": [{k: v for k, v in j.to_json().items() if k != "spec"} for j in held]}
+
+    @app.post(
+        "/v1/leases/watch",
+        tags=["jobs"],
+        responses=errors(400, 403, 413),
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "required": ["jobs", "wait"], "properties": {
+                "jobs": {"type": "array", "maxItems": 100000, "items": {"type": "string", "maxLength": 20}},
+                "wait": {"type": "number", "minimum": 0, "maximum": WATCH_MAX_S}}}}}}},
+    )  # fmt: skip
+    async def watch(request: Request, user: Caller) -> dict[str, Any]:
+        """A fleet (acting as itself) waits up to ``wait`` seconds for one of the listed jobs it forwarded that has
+        not started yet to run or end here, then reads the state of every listed job it holds; renews nothing."""
+        data = body_object(await json_body(request), ("jobs", "wait"))
+        ids, wait = data.get("jobs"), data.get("wait")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or len(ids) > 100000:
+            raise ConfigError(f'jobs = {str(ids)[:60]}: expected a list of job ids, e.g. ["12", "13"]')
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait <= WATCH_MAX_S:
+            raise ConfigError(f"wait = {wait!r}: expected seconds from 0 to {WATCH_MAX_S:.0f}")
+        held = await run_in_threadpool(pod.watch, user, ids, float(wait))
         return {"jobs": [{k: v for k, v in j.to_json().items() if k != "spec"} for j in held]}
 
     @app.get("/v1/jobs", tags=["jobs"], responses=errors(400, 403, 422))
