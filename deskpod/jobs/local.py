@@ -96,6 +96,11 @@ class LocalExecutor:
                 raise ConflictError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
             spec.check()
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
+        if spec.device_kind is not None and spec.device_kind != self.device_kind:
+            raise ConflictError(
+                f"job spec: device_kind = {spec.device_kind!r}: this box's devices are {what}s "
+                f"(device_kind = {self.device_kind!r})"
+            )
         if k == 0:  # a kind that holds no devices (TensorBoard): nothing to place
             return k
         if k > self.device_count:
