@@ -15,7 +15,7 @@ SHELL := /bin/bash
 # pip's "WARNING: Location ..." lines (a venv beside a system Python) are noise; its status and errors are kept.
 pip_install = $(BIN)/python -m pip install -q $(1) 2>&1 | { grep -v '^WARNING: Location' || true; }
 
-.PHONY: demo check test lint typecheck unit data videodata browser slurm sandbox core install bench clean
+.PHONY: demo check test lint typecheck unit data videodata browser slurm sandbox webvendor core install bench clean
 
 demo: core data
 	$(BIN)/deskpod train
@@ -26,7 +26,7 @@ CHECK_JOBS ?= 2
 check: install lint typecheck
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(CHECK_JOBS) -m "not server and not slow"
 
-test: install data videodata browser slurm sandbox lint typecheck unit
+test: install webvendor data videodata browser slurm sandbox lint typecheck unit
 
 core: $(VENV)/.core
 install: $(VENV)/.dev
@@ -92,6 +92,18 @@ sandbox:
 	$(call apt_install,! command -v bwrap >/dev/null 2>&1,bubblewrap,\
 	  bubblewrap (Debian package bubblewrap) for the pod's job sandboxes,\
 	  bubblewrap; deskpod up will say how jobs run without it,install bubblewrap (bwrap) for the pod's job sandboxes)
+
+# The dashboard's terminal widget for shell sessions: xterm.js and its fit add-on, installed by npm beside the venv's
+# packages (deskpod/web/terminal_page.py serves them from there); never copied into this repository.
+XTERM_DIR := $(VENV)/share/deskpod-web
+XTERM_PKGS := @xterm/xterm@6.0.0 @xterm/addon-fit@0.11.0
+webvendor: $(XTERM_DIR)/node_modules/@xterm/addon-fit/lib/addon-fit.js
+$(XTERM_DIR)/node_modules/@xterm/addon-fit/lib/addon-fit.js:
+	$(call apt_install,! command -v npm >/dev/null 2>&1,nodejs npm,\
+	  Node.js and npm (Debian packages nodejs npm) to install xterm.js for the dashboard's terminal,\
+	  npm; the terminal page will say how to install xterm.js,install npm for the dashboard's terminal widget)
+	mkdir -p $(XTERM_DIR)
+	npm install --no-save --no-audit --no-fund --loglevel=error --prefix $(XTERM_DIR) $(XTERM_PKGS)
 
 lint: install
 	$(BIN)/ruff check deskpod tests benchmarks

@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "deskpod.cli.serve",
     "deskpod.cli.pod",
     "deskpod.cli.session",
+    "deskpod.cli.shell",
     "deskpod.cli.fleet",
     "deskpod.cli.topo",
     "deskpod.cli.doctor",

@@ -71,6 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("submit", help="queue a job: a spec file (TOML/JSON) or -- a command")
     p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--devices", help="a count or 'all' (default 1)")
+    p.add_argument("--device-kind", choices=("cuda", "cpu"), help="GPUs or CPU worker slots (default: the pod's)")
     p.add_argument("--name", help="job name (letters, digits, . _ -)")
     p.add_argument("--priority", type=int, help="higher runs first (default 0)")
     p.add_argument("--placement", help="best | pack | partition:<name>")
@@ -310,7 +311,7 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
     spec: dict[str, Any] = load_spec_file(Path(words[0])) if is_file else {"command": words, "workdir": str(Path.cwd())}
     for key, value in (("devices", args.devices), ("name", args.name), ("priority", args.priority),
                        ("placement", args.placement), ("max_runtime", args.max_runtime), ("retries", args.retries),
-                       ("nodes", getattr(args, "nodes", None))):  # fmt: skip
+                       ("nodes", getattr(args, "nodes", None)), ("device_kind", getattr(args, "device_kind", None))):  # fmt: skip
         if value is not None:
             spec[key] = value
     if getattr(args, "partition", None):

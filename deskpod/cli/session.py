@@ -29,12 +29,32 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("notebook", help="JupyterLab as a pod job, on the devices it holds, through the pod's URL")
     add_session_options(p)
     p.add_argument("--workdir", type=Path, help="the folder JupyterLab opens (default: this one)")
-    p.add_argument("--env", type=Path, metavar="REQUIREMENTS", help="its own environment: this requirements.txt "
-                   "(with ipykernel among its packages)")  # fmt: skip
-    p.add_argument("--package", action="append", default=[], metavar="REQ",
-                   help="its own environment with this package (repeatable; add ipykernel)")  # fmt: skip
-    p.add_argument("--python", help="the environment's Python version, e.g. 3.11 (default: the pod's own)")
+    add_environment_options(p, " (with ipykernel among its packages)", "; add ipykernel")
     p.set_defaults(func=notebook)
+
+
+def add_environment_options(p: argparse.ArgumentParser, requirements_note: str = "", package_note: str = "") -> None:
+    """``--env``, ``--package`` and ``--python``: the session's own environment (`environment_table`)."""
+    p.add_argument("--env", type=Path, metavar="REQUIREMENTS",
+                   help=f"its own environment: this requirements.txt{requirements_note}")  # fmt: skip
+    p.add_argument("--package", action="append", default=[], metavar="REQ",
+                   help=f"its own environment with this package (repeatable{package_note})")  # fmt: skip
+    p.add_argument("--python", help="the environment's Python version, e.g. 3.11 (default: the pod's own)")
+
+
+def add_environment(spec: dict[str, Any], args: argparse.Namespace) -> None:
+    """The spec's ``[environment]`` from `add_environment_options`' flags, when any is given."""
+    if args.env or args.package or args.python:
+        from deskpod.envs.definition import parse_environment
+
+        table: dict[str, Any] = {}
+        if args.env:
+            table["requirements"] = str(args.env.resolve())
+        if args.package:
+            table["packages"] = list(args.package)
+        if args.python:
+            table["python"] = args.python
+        spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
 
 
 def session_spec(args: argparse.Namespace, kind: str, table: dict[str, Any]) -> dict[str, Any]:
@@ -52,17 +72,7 @@ def session_spec(args: argparse.Namespace, kind: str, table: dict[str, Any]) -> 
 def notebook(args: argparse.Namespace) -> int:
     spec = session_spec(args, "notebook", {})
     spec["workdir"] = str((args.workdir or Path.cwd()).resolve())
-    if args.env or args.package or args.python:
-        from deskpod.envs.definition import parse_environment
-
-        table: dict[str, Any] = {}
-        if args.env:
-            table["requirements"] = str(args.env.resolve())
-        if args.package:
-            table["packages"] = list(args.package)
-        if args.python:
-            table["python"] = args.python
-        spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
+    add_environment(spec, args)
     return open_session(spec, "lab", no_wait=args.no_wait)
 
 
@@ -77,29 +87,36 @@ def open_session(spec: dict[str, Any], page: str, *, no_wait: bool) -> int:
         if no_wait:
             print(job_id)
             return 0
-        base = f"/sessions/{job_id}/"
-        deadline = time.monotonic() + START_WAIT_S
-        said = ""
-        while True:
-            state = c.job(job_id)
-            if state["state"] not in ("queued", "starting", "building", "running"):
-                raise ServiceError(f"session {job_id} ended before it answered ({state['state']}: "
-                                   f"{state.get('reason') or 'see deskpod logs ' + job_id})")  # fmt: skip
-            if state["state"] != said:
-                said = state["state"]
-                if said != "running":
-                    print(f"deskpod: session {job_id} {said}: {state.get('reason') or ''}".rstrip(": "),
-                          file=sys.stderr, flush=True)  # fmt: skip
-            if said == "running" and answers(c, base):
-                break
-            if time.monotonic() > deadline:
-                print(f"deskpod: session {job_id} does not answer yet; `deskpod show {job_id}` follows it",
-                      file=sys.stderr)  # fmt: skip
-                print(job_id)
-                return 1
-            time.sleep(0.1)
-        print(f"{pod_url(c)}{base}{page}")
+        if not wait_session(c, job_id):
+            return 1
+        print(f"{pod_url(c)}/sessions/{job_id}/{page}")
     return 0
+
+
+def wait_session(c: Any, job_id: str) -> bool:
+    """Wait until session ``job_id`` answers through the pod, saying on stderr how it goes; False (its id printed)
+    when it does not answer within `START_WAIT_S`; `ServiceError` when it ends first."""
+    base = f"/sessions/{job_id}/"
+    deadline = time.monotonic() + START_WAIT_S
+    said = ""
+    while True:
+        state = c.job(job_id)
+        if state["state"] not in ("queued", "starting", "building", "running"):
+            raise ServiceError(f"session {job_id} ended before it answered ({state['state']}: "
+                               f"{state.get('reason') or 'see deskpod logs ' + job_id})")  # fmt: skip
+        if state["state"] != said:
+            said = state["state"]
+            if said != "running":
+                print(f"deskpod: session {job_id} {said}: {state.get('reason') or ''}".rstrip(": "),
+                      file=sys.stderr, flush=True)  # fmt: skip
+        if said == "running" and answers(c, base):
+            return True
+        if time.monotonic() > deadline:
+            print(f"deskpod: session {job_id} does not answer yet; `deskpod show {job_id}` follows it",
+                  file=sys.stderr)  # fmt: skip
+            print(job_id)
+            return False
+        time.sleep(0.1)
 
 
 def answers(client: Any, base: str) -> bool:

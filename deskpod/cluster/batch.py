@@ -100,6 +100,13 @@ def check_fits(spec: JobSpec, parts: list[slurm.Partition]) -> slurm.Partition:
             raise ConfigError(
                 f"slurm partition {name!r} does not exist; valid: {', '.join(sorted(p.name for p in parts))}"
             )
+    kind = "cuda" if part.gpus_per_node else "cpu"
+    if spec.device_kind is not None and spec.device_kind != kind:
+        what = f"GPUs (GRES gpu:{part.gpus_per_node})" if part.gpus_per_node else "CPUs, no GPUs"
+        raise DeviceError(
+            f"device_kind = {spec.device_kind!r}: the nodes of partition {part.name!r} have {what}; "
+            f"choose a partition with {'GPUs' if spec.device_kind == 'cuda' else 'no GPUs'}: [slurm] partition"
+        )
     if spec.nodes > part.nodes:
         raise DeviceError(
             f"nodes = {spec.nodes}: partition {part.name!r} has {part.nodes} node{'s' if part.nodes != 1 else ''}; "

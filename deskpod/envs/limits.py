@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, TypeGuard
 
@@ -278,9 +278,11 @@ def job_limits(settings: LimitSettings, box: Box, devices: Iterable[int]) -> Lim
     """The `Limits` of a job holding ``devices`` (the pod's device indices) on ``box`` (module docstring)."""
     held = tuple(devices)
     bad = [d for d in held if not _is_int(d) or not 0 <= d < box.devices]
-    if bad or not held or len(set(held)) != len(held):
-        what = f"device {bad[0]!r} is not one" if bad else ("no device" if not held else "a device named twice")
+    if bad or len(set(held)) != len(held):
+        what = f"device {bad[0]!r} is not one" if bad else "a device named twice"
         raise ConfigError(f"job devices {list(held)!r}: {what}; this box has devices 0-{box.devices - 1}")
+    if not held:  # a job that holds no devices (TensorBoard): one device's share of memory and tasks, not pinned
+        return replace(job_limits(settings, box, [0]), cpus=None)
     mine: set[int] = set()
     for d in held:
         mine.update(

@@ -59,6 +59,14 @@ class MemberClient:
         body = {"jobs": ids, "seconds": seconds}
         return list(self._call("POST", "/v1/leases", None, RENEW_S, json=body, timeout=RENEW_S).json()["jobs"])
 
+    def watch(self, ids: list[str], wait: float) -> list[dict[str, Any]]:
+        """Wait up to ``wait`` seconds for one of these forwarded jobs that has not started yet to run or end there,
+        and read the state of each (renews nothing; `deskpod.jobs.pod.Pod.watch`)."""
+        body = {"jobs": ids, "wait": wait}
+        return list(
+            self._call("POST", "/v1/leases/watch", None, RENEW_S, json=body, timeout=wait + RENEW_S).json()["jobs"]
+        )
+
     def cancel(self, user: str, job_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/v1/jobs/{job_id}/cancel", user).json())
 

@@ -9,6 +9,9 @@ pods. Each tick:
 - **follow** the forwarded jobs with one request per member (``POST /v1/leases``): it renews the leases of those
   not yet started (the first renewal confirms a forward: only then may the member start it) and says every job's
   state, which the fleet's copy is moved to (`deskpod.jobs.states`: the same table, step by step);
+- **watch** a member while a job sent there has not started: a request that waits there for the start (``POST
+  /v1/leases/watch``, renewing nothing) and wakes the fleet's loop when it answers, so the fleet's copy runs when the
+  member's does, not at the next renewal;
 - carry out **stop requests** (a cancel, a requeue) by forwarding them; logs are read from the member;
 - start the **health checks** that are due (`deskpod.fleet.health`: each member's doctor, every ``health_s``
   seconds, in the background); a member whose last one failed gets no new jobs.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 import traceback
 from collections import defaultdict
@@ -54,7 +58,11 @@ SKEW = 2.0
 """Seconds the member's clock may be behind the fleet's: it accepts an assertion until its ``exp`` by its own clock."""
 HURRY_S = 5.0
 """After a job is sent, its member is followed on every tick of the pod's loop for this long (the confirmation,
-then the start, come within it), not once a poll."""
+then the start, come within it), not once a poll, and watched (`FleetExecutor._watch`)."""
+WATCH_S = 2.0
+"""The longest one watch of a member waits for a start there (then the next tick may start another)."""
+STAGES = {S.QUEUED: 0, S.STARTING: 1, S.BUILDING: 2, S.RUNNING: 3}
+"""How far along a job is (a final state: past them all): a watch's answer moves the fleet's copy only forward."""
 MANY = 1_000_000
 """No limit on the jobs a tick reads from the store."""
 HEALTH_S = 300.0
@@ -64,7 +72,7 @@ HEALTH_S = 300.0
 def wanted(spec: JobSpec) -> Wanted:
     """What routing needs of a spec."""
     count = int(spec.devices) if str(spec.devices).isdigit() else None
-    return Wanted(count, spec.placement, spec.max_runtime, spec.nodes)
+    return Wanted(count, spec.placement, spec.max_runtime, spec.nodes, spec.device_kind, spec.stack)
 
 
 def split(external: str) -> tuple[str, str]:
@@ -99,6 +107,11 @@ class FleetExecutor:
         self._last_follow = 0.0
         self._last_route = 0.0
         self._hurry_until = 0.0
+        self._lock = threading.Lock()
+        self._watching: set[str] = set()
+        """Members with a watch under way."""
+        self._watched: list[tuple[str, float, dict[str, dict[str, Any]]]] = []
+        """Watches' answers, for the loop to mirror: (member, when answered, its jobs by id)."""
 
     # members ---------------------------------------------------------------------------------------
     def client(self, member: Member) -> MemberClient:
@@ -198,6 +211,7 @@ class FleetExecutor:
     def tick(self, pod: PodSide, *, woken: bool) -> None:
         now = time.time()
         sent = False
+        self._mirror_watched(pod)
         if now - self._last_health >= 1.0:  # whose health check is due: asked in the background
             self._last_health = now
             self.health_checks.start_due([m.name for m in self.members.all() if not m.draining], now)
@@ -210,6 +224,8 @@ class FleetExecutor:
         if sent or woken or now < self._hurry_until or now - self._last_follow >= self.poll_s:
             self._last_follow = now
             self._follow(pod)
+        if now < self._hurry_until:
+            self._watch(pod, min(WATCH_S, self._hurry_until - now))
 
     # routing -------------------------------------------------------------------------------------
     def _route(self, pod: PodSide, queued: list[JobRecord]) -> bool:
@@ -287,6 +303,53 @@ class FleetExecutor:
         for m in members.values():
             if m.draining and m.name not in by_member:
                 self.members.remove(m.name)
+
+    def _watch(self, pod: PodSide, wait: float) -> None:
+        """Watch each member (one watch at a time) that answers and has fleet jobs not yet running: the watch's
+        answer comes when one of them runs or ends there, and wakes the loop, which mirrors it."""
+        pending: dict[str, list[str]] = defaultdict(list)
+        for job in pod.store.jobs(states=[S.QUEUED, S.STARTING, S.BUILDING], limit=MANY):
+            if job.external:
+                member, job_id = split(job.external)
+                pending[member].append(job_id)
+        for name, ids in pending.items():
+            m = self.members.get(name)
+            with self._lock:
+                if m is None or name in self._silent or name in self._watching:
+                    continue
+                self._watching.add(name)
+            self._pool.submit(self._watch_one, pod, m, ids, wait)
+
+    def _watch_one(self, pod: PodSide, m: Member, ids: list[str], wait: float) -> None:
+        try:
+            seen = self.client(m).watch(ids, wait)
+        except DeskpodError:  # the renewals say whether the member answers; a watch only hurries them
+            seen = None
+        finally:
+            with self._lock:
+                self._watching.discard(m.name)
+        if seen is not None:
+            with self._lock:
+                self._watched.append((m.name, time.time(), {str(j["id"]): j for j in seen}))
+            pod.wake()
+
+    def _mirror_watched(self, pod: PodSide) -> None:
+        """Move the fleet's copies as the watches' answers say, forward only: an answer may be older than the last
+        renewal's."""
+        with self._lock:
+            answers, self._watched = self._watched, []
+        for name, answered, seen in answers:
+            for job in pod.store.jobs(states=[S.QUEUED, S.STARTING, S.BUILDING], limit=MANY):
+                member, job_id = split(job.external or "")
+                got = seen.get(job_id) if member == name else None
+                if got is None:
+                    continue
+                new = S(got["state"])
+                if STAGES.get(new, len(STAGES)) > STAGES[job.state] and new is not S.PREEMPTED:
+                    try:
+                        self._mirror(pod, job, name, got, answered)
+                    except Exception:  # one job's surprise must not stop the others being followed
+                        traceback.print_exc(file=sys.stderr)
 
     def _renew(self, m: Member, jobs: list[JobRecord]) -> tuple[float, float, dict[str, dict[str, Any]], str | None]:
         """(sent, answered, the member's jobs by id, error or None). A member that went silent is only probed until

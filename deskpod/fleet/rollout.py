@@ -132,7 +132,8 @@ class MemberLink(Protocol):
     def name(self) -> str: ...
 
     def device_count(self) -> int:
-        """The devices the member schedules (GPUs, or CPU worker slots)."""
+        """The devices the member schedules (GPUs, or CPU worker slots); a cluster's: a node's of its default
+        partition."""
         ...
 
     def run(self, spec: Mapping[str, Any], *, timeout_s: float) -> JobEnd:
@@ -166,7 +167,7 @@ class JobLink:
         raise NotImplementedError
 
     def device_count(self) -> int:
-        return len(self._status()["devices"])
+        return devices_of(self._status())
 
     def run(self, spec: Mapping[str, Any], *, timeout_s: float) -> JobEnd:
         job_id = str(self._submit(dict(spec))["id"])
@@ -238,6 +239,16 @@ class FleetLink(JobLink):
 
     def _log(self, job_id: str, offset: int) -> bytes:
         return self.member.log(self.user, job_id, offset, 1 << 20)
+
+
+def devices_of(status: Mapping[str, Any]) -> int:
+    """The devices a member's ``GET /v1/status`` shows: its own, or (a Slurm login node's pod, which has none of
+    its own) the GPUs of one node of its default partition, where Slurm places a one-node job."""
+    if status.get("devices"):
+        return len(status["devices"])
+    parts = (status.get("backend") or {}).get("partitions") or []
+    default = next((p for p in parts if p.get("default")), parts[0] if parts else None)
+    return int(default["gpus_per_node"]) if default else 0
 
 
 def smoke_spec(version: StackVersion, devices: int) -> dict[str, Any]:

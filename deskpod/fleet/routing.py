@@ -4,15 +4,18 @@ In order:
 
 1. **Who may take it.** A member that does not answer, is being removed (draining), or whose last health check
    failed (its ``deskpod doctor``, asked on a schedule: `deskpod.fleet.health`) gets nothing.
-2. **Fit.** Its devices: enough of them (``box-c: has 2 GPUs, the job needs 4``), and a set the job's placement
+2. **Fit.** Its devices: the kind the job names, if it names one (``device_kind = "cuda"``: ``box-c: has CPU
+   slots, the job wants GPUs``), enough of them (``box-c: has 2 GPUs, the job needs 4``), and a set the job's placement
    policy accepts on the member's own topology — ``best`` wants NVLink-connected GPUs wherever the machine has
-   such a set (`deskpod.hardware.placement.place`, the member's own placement). A cluster member fits a job its
-   partitions have nodes for.
+   such a set (`deskpod.hardware.placement.place`, the member's own placement). A cluster member fits a job one of
+   its partitions has the nodes, GPUs per node and device kind for (a partition without GPUs is ``cpu``).
 3. **Soonest start.** Now, when the member's queue is empty and the placement takes its free devices now;
    else the earliest time its own forecast (`deskpod.jobs.forecast`, sent in its status as devices free over time)
    has the job's devices free for its ``max_runtime``. A start no forecast can promise (devices held by jobs
    without a time limit, a cluster's scheduler) comes after every promised one; among those, the shortest queue.
-   Ties: the shorter queue, then more devices free now, then the name.
+   Ties: the member that has the job's stack built (``pytorch@v3 built there``: its environment is ready, no
+   build before the start; `deskpod.fleet.stacks.StackStore.built`), then the shorter queue, then more devices free
+   now, then the name.
 
 `route` returns the choice and one reason per member, the chosen one first ("box-b: 4 GPUs free now; box-a:
 about 2 h in queue; box-c: has 2 GPUs, the job needs 4"); the fleet records it in the job's history.
@@ -39,6 +42,10 @@ class Wanted:
     placement: str = "best"
     max_runtime: float | None = None
     nodes: int = 1
+    kind: str | None = None
+    """The device kind the job names (``cuda``, ``cpu``); None: any."""
+    stack: str | None = None
+    """The stack version the job runs in (``NAME@vN``, pinned by the fleet); None: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,8 @@ class _Option:
     """Seconds until the job could start there; infinity when unknown."""
     queued: int
     free: int
+    built: bool = False
+    """The member has the job's stack built."""
 
 
 def route(job: Wanted, members: Sequence[MemberSnapshot], now: float) -> Route:
@@ -71,11 +80,21 @@ def route(job: Wanted, members: Sequence[MemberSnapshot], now: float) -> Route:
             options[m.name] = option
     if not options:
         return Route(None, reasons)
-    best = min(options, key=lambda n: (options[n].wait, options[n].queued, -options[n].free, n))
+    best = min(options, key=lambda n: (options[n].wait, not options[n].built, options[n].queued, -options[n].free, n))
     return Route(best, {best: reasons[best], **{n: r for n, r in reasons.items() if n != best}})
 
 
 def _judge(job: Wanted, m: MemberSnapshot, now: float) -> tuple[str, _Option | None]:
+    """A member's reason, and its option when it can take the job (with whether it has the job's stack built)."""
+    why, option = _fit(job, m, now)
+    if option is None or job.stack is None:
+        return why, option
+    if job.stack in m.stacks:
+        return f"{why}; {job.stack} built there", replace(option, built=True)
+    return f"{why}; {job.stack} not built there yet", option
+
+
+def _fit(job: Wanted, m: MemberSnapshot, now: float) -> tuple[str, _Option | None]:
     """A member's reason, and its option when it can take the job."""
     if not m.reachable:
         return f"unreachable ({m.error})", None
@@ -89,7 +108,9 @@ def _judge(job: Wanted, m: MemberSnapshot, now: float) -> tuple[str, _Option | N
     if topo is None:
         return "shows no devices", None
     n = topo.device_count
-    noun = "GPU" if m.kind == "cuda" else "CPU slot"
+    noun = NOUNS.get(m.kind, "device")
+    if job.kind is not None and job.kind != m.kind:
+        return f"has {noun}s, the job wants {NOUNS[job.kind]}s (device_kind = {job.kind!r})", None
     if job.nodes > 1:
         return f"one box; the job needs {job.nodes} nodes", None
     k = n if job.devices is None else job.devices
@@ -125,11 +146,19 @@ def _judge(job: Wanted, m: MemberSnapshot, now: float) -> tuple[str, _Option | N
 def _cluster(job: Wanted, m: MemberSnapshot) -> tuple[str, _Option | None]:
     """A cluster member: it fits when a partition has the nodes and GPUs; Slurm decides when."""
     k = job.devices or 0
-    fits = [p for p in m.partitions if p[1] >= job.nodes and p[2] >= k]
+    kinds = ("cuda", "cpu") if job.kind is None else (job.kind,)
+    # a partition without GPUs gives a job CPUs (--cpus-per-task), as many as it asks: no GPU count to fit
+    fits = [p for p in m.partitions
+            if p[1] >= job.nodes and (p[2] >= k or not p[2]) and ("cuda" if p[2] else "cpu") in kinds]  # fmt: skip
     if not fits:
         shown = ", ".join(f"{p[0]}: {p[1]} nodes x {p[2]} GPUs" for p in m.partitions) or "no partitions"
-        return f"no partition has {job.nodes} node(s) of {k} GPUs ({shown})", None
+        what = f"{k} GPUs" if job.kind != "cpu" else "CPUs (no GPUs)"
+        return f"no partition has {job.nodes} node(s) of {what} ({shown})", None
     return f"a Slurm cluster, which decides when ({m.queued} queued there)", _Option(math.inf, m.queued, 0)
+
+
+NOUNS = {"cuda": "GPU", "cpu": "CPU slot"}
+"""A member's devices in words, by their kind."""
 
 
 def about(seconds: float) -> str:

@@ -38,7 +38,7 @@ from deskpod.errors import (
 )
 from deskpod.jobs import auth, metrics
 from deskpod.jobs.doctor import MAX_AGE_S
-from deskpod.jobs.pod import Pod
+from deskpod.jobs.pod import WATCH_MAX_S, Pod
 from deskpod.jobs.spec import SPEC_SCHEMA
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import User
@@ -238,25 +238,22 @@ def create_app(
         job = await run_in_threadpool(lambda: pod.submit(user, data, lease_s=lease))
         return job.to_json()
 
-    @app.post(
-        "/v1/leases",
-        tags=["jobs"],
-        responses=errors(400, 403, 413),
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "type": "object", "additionalProperties": False, "required": ["jobs", "seconds"], "properties": {
-                "jobs": {"type": "array", "maxItems": 100000, "items": {"type": "string", "maxLength": 20}},
-                "seconds": {"type": "number", "minimum": 1, "maximum": 3600}}}}}}},
-    )  # fmt: skip
+    @app.post("/v1/leases", tags=["jobs"], responses=errors(400, 403, 413),
+              openapi_extra=held_jobs_body("seconds", 1, 3600))  # fmt: skip
     async def renew(request: Request, user: Caller) -> dict[str, Any]:
         """A fleet (acting as itself) renews the leases of the queued jobs it forwarded here for ``seconds``, and
         reads the state of every listed job it holds, in one request (`deskpod.jobs.trust`)."""
-        data = body_object(await json_body(request), ("jobs", "seconds"))
-        ids, seconds = data.get("jobs"), data.get("seconds")
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or len(ids) > 100000:
-            raise ConfigError(f'jobs = {str(ids)[:60]}: expected a list of job ids, e.g. ["12", "13"]')
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 1 <= seconds <= 3600:
-            raise ConfigError(f"seconds = {seconds!r}: expected seconds from 1 to 3600")
-        held = await run_in_threadpool(pod.renew, user, ids, float(seconds))
+        ids, seconds = held_jobs(await json_body(request), "seconds", 1, 3600)
+        held = await run_in_threadpool(pod.renew, user, ids, seconds)
+        return {"jobs": [{k: v for k, v in j.to_json().items() if k != "spec"} for j in held]}
+
+    @app.post("/v1/leases/watch", tags=["jobs"], responses=errors(400, 403, 413),
+              openapi_extra=held_jobs_body("wait", 0, WATCH_MAX_S))  # fmt: skip
+    async def watch(request: Request, user: Caller) -> dict[str, Any]:
+        """A fleet (acting as itself) waits up to ``wait`` seconds for one of the listed jobs it forwarded that has
+        not started yet to run or end here, then reads the state of every listed job it holds; renews nothing."""
+        ids, wait = held_jobs(await json_body(request), "wait", 0, WATCH_MAX_S)
+        held = await run_in_threadpool(pod.watch, user, ids, wait)
         return {"jobs": [{k: v for k, v in j.to_json().items() if k != "spec"} for j in held]}
 
     @app.get("/v1/jobs", tags=["jobs"], responses=errors(400, 403, 422))
@@ -461,6 +458,25 @@ async def json_body(request: Request, empty: Any = None) -> Any:
         chunks.append(chunk)
     body = b"".join(chunks)
     return parse_json(body) if body else empty
+
+
+def held_jobs_body(field: str, low: float, high: float) -> dict[str, Any]:
+    """The OpenAPI body of a fleet's request about the jobs it holds here: ``jobs`` and seconds in ``field``."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "additionalProperties": False, "required": ["jobs", field], "properties": {
+            "jobs": {"type": "array", "maxItems": 100000, "items": {"type": "string", "maxLength": 20}},
+            field: {"type": "number", "minimum": low, "maximum": high}}}}}}}  # fmt: skip
+
+
+def held_jobs(data: Any, field: str, low: float, high: float) -> tuple[list[str], float]:
+    """Such a body, checked: (the job ids, the seconds)."""
+    got = body_object(data, ("jobs", field))
+    ids, seconds = got.get("jobs"), got.get(field)
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or len(ids) > 100000:
+        raise ConfigError(f'jobs = {str(ids)[:60]}: expected a list of job ids, e.g. ["12", "13"]')
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not low <= seconds <= high:
+        raise ConfigError(f"{field} = {seconds!r}: expected seconds from {low:g} to {high:g}")
+    return ids, float(seconds)
 
 
 def body_object(data: Any, fields: tuple[str, ...], *, required: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -105,6 +105,29 @@ def _protocol() -> type[Any]:
             if self.deskpod_peer is not None:
                 self.scope[PEER] = self.deskpod_peer  # type: ignore[literal-required]
 
+        def handle_websocket_upgrade(self) -> None:
+            """The WebSocket protocol that takes the connection over builds scopes of its own: its app is given
+            the peer too (a session's WebSocket on the pod's socket: ``deskpod shell``)."""
+            base, peer = self.ws_protocol_class, self.deskpod_peer
+            if peer is None or base is None:
+                return super().handle_websocket_upgrade()
+
+            def build(**kwargs: Any) -> Any:
+                protocol: Any = base(**kwargs)
+                app = protocol.app
+
+                async def with_peer(scope: Any, receive: Any, send: Any) -> None:
+                    await app({**scope, PEER: peer}, receive, send)
+
+                protocol.app = with_peer
+                return protocol
+
+            self.ws_protocol_class = build  # type: ignore[assignment]
+            try:
+                super().handle_websocket_upgrade()
+            finally:
+                self.ws_protocol_class = base
+
     return PeerProtocol
 
 

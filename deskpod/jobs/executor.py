@@ -65,6 +65,10 @@ class PodSide(Protocol):
         """The job's own folder (``<home>/jobs/<id>``): its log, exit codes, run folder."""
         ...
 
+    def wake(self) -> None:
+        """Run the executor's next tick now (``woken``), not at the loop's next pass: something it waits for came."""
+        ...
+
 
 class Executor(Protocol):
     name: str

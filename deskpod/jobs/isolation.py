@@ -141,6 +141,9 @@ class Isolation:
             for fd, _, _ in self.video_binds(who, spec.video):
                 os.close(fd)
             video_kind.check_models(spec.video)  # folders the account could open: is each a detector that fits?
+        if spec.tensorboard is not None:
+            for fd, _, _ in self.run_binds(who, spec.tensorboard["runs"]):
+                os.close(fd)
 
     def account(self, user: User | None) -> Account | None:
         """The account the job runs as, when it is not the daemon's own."""
@@ -244,6 +247,10 @@ class Isolation:
             for bind in self.video_binds(who, spec.video):
                 fds.append(bind[0])
                 binds.append(bind)
+        if spec.tensorboard is not None:
+            for bind in self.run_binds(who, spec.tensorboard["runs"]):
+                fds.append(bind[0])
+                binds.append(bind)
         building = False
         defn = spec.environment
         venv = defn if defn is not None and defn.kind != "image" else None  # an environment the cache builds
@@ -342,6 +349,21 @@ class Isolation:
             raise
         return out
 
+    def run_binds(self, account: Account, runs: Sequence[str]) -> list[tuple[int, Path, bool]]:
+        """The runs a TensorBoard job reads, each opened as ``account`` may (`open_folder`: a run in one of the
+        pod's job folders through the pod), as read-only sandbox binds ``(fd, where, False)``. `ConflictError`
+        naming the first that the account cannot open."""
+        out: list[tuple[int, Path, bool]] = []
+        try:
+            for run in runs:
+                fd = self.open_folder(account, Path(run), _TENSORBOARD_RUN)
+                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+        except BaseException:
+            for fd, _, _ in out:
+                os.close(fd)
+            raise
+        return out
+
     def tool_argv(self, account: Account | None, argv: Sequence[str], binds: Sequence[tuple[int, Path, bool]]) -> tuple[
             list[str], dict[str, Any]]:  # fmt: skip
         """How the pod runs a short command of its own for a user's job (the dashboard's face search in a video job's
@@ -395,6 +417,9 @@ _SERVE_RUN = "job spec: serve.run {path!r} is not a run folder you can open on t
 _VIDEO_SOURCE = "job spec: video.sources {path!r} is not a video file or folder you can open on this box"
 _VIDEO_PHOTO = "job spec: video.rules photo {path!r} is not a file you can open on this box"
 _VIDEO_MODEL = "job spec: video.detect model folder {path!r} is not a folder you can open on this box"
+_TENSORBOARD_RUN = (
+    "job spec: tensorboard.runs {path!r} is not a run folder or a folder of TensorBoard events you can open on this box"
+)
 _VIDEO_DB = "job spec: video.db {db!r}: its folder {path!r} is not one you can open on this box"
 
 

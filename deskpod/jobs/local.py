@@ -76,8 +76,8 @@ class LocalExecutor:
             require_extra("serve", "job spec: a serve job", ConflictError)
         if spec.video is not None:
             require_extra("video", "job spec: a video job", ConflictError)
-        if spec.notebook is not None:
-            require_extra("sessions", "job spec: a notebook job", ConflictError)
+        if spec.notebook is not None or spec.shell is not None:
+            require_extra("sessions", f"job spec: a {spec.kind} job", ConflictError)
         if spec.nodes > 1:
             raise ConflictError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "
@@ -96,6 +96,13 @@ class LocalExecutor:
                 raise ConflictError(f"job spec: workdir {spec.workdir!r} is not a directory on this box")
             spec.check()
         what = "GPU" if self.device_kind == "cuda" else "CPU worker slot"
+        if spec.device_kind is not None and spec.device_kind != self.device_kind:
+            raise ConflictError(
+                f"job spec: device_kind = {spec.device_kind!r}: this box's devices are {what}s "
+                f"(device_kind = {self.device_kind!r})"
+            )
+        if k == 0:  # a kind that holds no devices (TensorBoard): nothing to place
+            return k
         if k > self.device_count:
             raise ConflictError(f"job can never fit: it needs {k} devices and this box has {self.device_count} {what}s")
         try:
@@ -306,7 +313,7 @@ class LocalExecutor:
         port, attempt = free_port(), job.attempt + 1
         shown = ",".join(map(str, devices))
         if not store.transition(
-            job.id, S.STARTING, f"devices {shown}: {why}", expect=[S.QUEUED],
+            job.id, S.STARTING, f"devices {shown or 'none'}: {why}", expect=[S.QUEUED],
             attempt=attempt, assigned=shown, port=port, reason="", exit_code=None, stop_reason=None, stop_deadline=None,
         ):  # fmt: skip
             return  # cancelled meanwhile
@@ -330,7 +337,9 @@ class LocalExecutor:
                 prep = Prepared(argv, plan, [], None, False)
             with sv.open_log(files.log, prep.owner) as log:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(pod.clock()))
-                log.write(f"--- deskpod: job {job.id} attempt {attempt} on devices {shown} at {stamp} ---\n".encode())
+                log.write(
+                    f"--- deskpod: job {job.id} attempt {attempt} on devices {shown or 'none'} at {stamp} ---\n".encode()
+                )
             confine, limit_notes = self.confinement.start(job.id, limits) if self.confinement is not None else ([], [])
             pid, started = self.sup.spawn(
                 prep.argv, plan=prep.plan, files=files, attempt=attempt, options=[*confine, *prep.options],

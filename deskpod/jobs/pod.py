@@ -42,6 +42,8 @@ from deskpod.jobs.trust import Trust
 
 S = JobState
 ACTIVE = (S.STARTING, S.BUILDING, S.RUNNING)
+WATCH_MAX_S = 10.0
+"""The longest a fleet's watch (`Pod.watch`, ``POST /v1/leases/watch``) waits for a start."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +192,27 @@ class Pod:
         if any(j.state is S.QUEUED for j in held):  # a first renewal confirms a forward: it may start now, not at the
             self.wake()  # executor's next pass (a second later)
         return held
+
+    def watch(self, user: User, ids: Sequence[str], wait: float) -> list[JobRecord]:
+        """A fleet waits, at most ``wait`` seconds, for one of these of its forwarded jobs that has not started yet
+        (queued with its lease confirmed, starting, building) to run or end here, and is told the state of each it
+        holds; nothing is renewed. So the fleet learns of a start when it happens, not at its next renewal."""
+        if user.fleet is None:
+            raise AccessError(f"user {user.name!r}: only a fleet watches the jobs it forwarded")
+        numbers = [n for n in (job_number(i) for i in ids) if n is not None]
+        deadline = time.monotonic() + wait
+        first: set[int] | None = None
+        """The jobs not started yet when the fleet asked: the answer comes once one of them moved on."""
+        while True:
+            version = self.store.version
+            held = self.store.held(user.fleet, numbers)
+            pending = {j.id for j in held if j.state in (S.STARTING, S.BUILDING) or (j.state is S.QUEUED
+                                                                                     and j.lease_confirmed)}  # fmt: skip
+            first = pending if first is None else first
+            left = deadline - time.monotonic()
+            if not first or first - pending or left <= 0:
+                return held
+            self.store.wait_written(first, version, left)
 
     def expire_leases(self) -> None:
         """Cancel, unstarted, every queued job whose fleet stopped renewing its lease: the fleet may have sent it

@@ -151,6 +151,9 @@ def schedule(
 
     for job in waiting if ordered else sorted(waiting, key=order_key):
         k, key = job.devices, (job.devices, job.policy)
+        if k == 0:  # a job holding no devices (TensorBoard) takes nothing from anyone: it starts now
+            plan.starts.append(Start(job.id, (), "holds no devices"))
+            continue
         in_time = False
         if head is not None:
             in_time = job.max_runtime is not None and now + job.max_runtime <= shadow

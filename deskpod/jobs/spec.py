@@ -9,6 +9,7 @@ daemon stores it, so nothing is ever executed from a bad spec::
                                      # or a [serve] table: serve a run's model until the job is stopped
                                      # or a [video] table: index camera streams (deskpod video index)
     devices = 2                      # a count, or "all"
+    device_kind = "cuda"             # or "cpu": the kind of device it needs (default: whatever the pod has)
     placement = "best"               # best | pack | partition:<name>
     priority = 0                     # higher runs first (-1000..1000)
     max_runtime = 3600               # seconds; the job is stopped (and fails) past it
@@ -84,11 +85,13 @@ OWN_CODE = " and ".join(k for k, m in KIND_MODULES.items() if m.ENVIRONMENT)
 """The kinds that run the user's own code, in the job's ``[environment]`` or ``stack`` (the rest run deskpod)."""
 FIELDS = (
     "name", *KINDS, "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir", "nodes", "slurm",
-    "environment", "stack",
+    "environment", "stack", "device_kind",
 )  # fmt: skip
 STACK_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(@v[1-9][0-9]{0,8})?$")
 """A stack's name (``pytorch-2.14``), or a version of it (``pytorch-2.14@v3``: the form a fleet stores)."""
 MAX_NODES = 4096
+DEVICE_KINDS = ("cuda", "cpu")
+"""What ``device_kind`` may say: GPUs (``cuda``), or CPU worker slots (``cpu``), as a pod's status names its devices."""
 SLURM_FIELDS = ("partition", "account", "qos", "signal_before_s", "max_requeues", "max_node_failures", "stage_data",
                 "scratch", "scratch_limit_gb", "env_cache")  # fmt: skip
 SLURM_DEFAULTS: dict[str, Any] = {"signal_before_s": 120, "max_requeues": 20, "max_node_failures": 3,
@@ -112,8 +115,16 @@ class JobSpec:
     """What to index (`deskpod.jobs.kinds.video`): the job runs ``deskpod video index`` on its streams."""
     notebook: Mapping[str, Any] | None = None
     """A JupyterLab session (`deskpod.jobs.kinds.notebook`), reached through the pod at ``/sessions/<id>/``."""
+    shell: Mapping[str, Any] | None = None
+    """A shell in a pty (`deskpod.jobs.kinds.shell`), a WebSocket through the pod at ``/sessions/<id>/terminal``."""
+    tensorboard: Mapping[str, Any] | None = None
+    """TensorBoard over runs (`deskpod.jobs.kinds.tensorboard`), through the pod at ``/sessions/<id>/``."""
     devices: int | str = 1
-    """A count from 1, or ``"all"`` (resolved to this box's device count at submission)."""
+    """A count from 1, or ``"all"`` (resolved to this box's device count at submission); 0 for a kind that holds
+    none (its module's ``DEVICES = 0``: tensorboard), and only for such a kind."""
+    device_kind: str | None = None
+    """The kind of device the job needs (`DEVICE_KINDS`): a pod of the other kind refuses it, and a fleet sends it
+    only to members of that kind. None: whatever the pod has."""
     placement: str = "best"
     """The placement policy: ``best``, ``pack`` or ``partition:<name>``."""
     priority: int = 0
@@ -172,6 +183,8 @@ class JobSpec:
             out["workdir"] = self.workdir
         if self.nodes != 1:
             out["nodes"] = self.nodes
+        if self.device_kind is not None:
+            out["device_kind"] = self.device_kind
         if self.slurm:
             out["slurm"] = dict(self.slurm)
         if self.environment is not None:
@@ -191,6 +204,14 @@ def without_nulls(data: object) -> object:
     if isinstance(out.get("slurm"), Mapping):
         out["slurm"] = {k: v for k, v in out["slurm"].items() if v is not None}
     return out
+
+
+def _fixed(data: Mapping[str, Any], fixed: int, kind: str) -> int:
+    """The ``devices`` of a kind that always holds ``fixed`` of them (`deskpod.jobs.kinds.tensorboard.DEVICES`)."""
+    v = whole(data.get("devices", fixed))
+    if isinstance(v, bool) or v not in (fixed, str(fixed)):
+        raise bad("devices", v, f"a {kind} job holds {fixed} devices; leave devices out")
+    return fixed
 
 
 def _devices(v: object, device_count: int | None) -> int | str:
@@ -225,10 +246,12 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         raise ConfigError(
             'job spec: give exactly one of command (an argv list, e.g. ["python", "x.py"]), train (a table of'
             " deskpod train settings), serve (a table with run = PATH), video (a table with sources = [...]) and"
-            f" notebook (a table, e.g. {{}}); got {' and '.join(given) or 'none'}"
+            " notebook, shell (tables, e.g. {}) and tensorboard (a table with runs = [...]);"
+            f" got {' and '.join(given) or 'none'}"
         )
     kind = KIND_MODULES[given[0]]
     value = kind.parse(data[given[0]])
+    fixed: int | None = getattr(kind, "DEVICES", None)
     name = data.get("name", kind.default_name(value, default_name))
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise bad(
@@ -271,6 +294,12 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
         if not isinstance(v, str) or "\0" in v or len(v) > MAX_ARG_CHARS:
             raise bad(f"env.{k}", v, "values are strings (quote numbers), without NUL characters")
 
+    device_kind = data.get("device_kind")
+    if device_kind is not None and device_kind not in DEVICE_KINDS:
+        raise bad(
+            "device_kind", device_kind, 'use "cuda" (GPUs) or "cpu" (CPU worker slots), e.g. device_kind = "cuda"'
+        )
+
     workdir = data.get("workdir")
     if workdir is not None and not absolute_path(workdir):
         raise bad("workdir", workdir, 'expected an absolute path, e.g. workdir = "/home/me/project"')
@@ -278,7 +307,8 @@ def parse_spec(data: object, *, device_count: int | None = None, default_name: s
     return JobSpec(
         name=name,
         **{given[0]: value},
-        devices=_devices(data.get("devices", 1), device_count),
+        devices=_devices(data.get("devices", 1), device_count) if fixed is None else _fixed(data, fixed, given[0]),
+        device_kind=device_kind,
         placement=placement,
         priority=integer(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         max_runtime=None if max_runtime is None else float(max_runtime),
@@ -403,6 +433,11 @@ def _env_schema() -> dict[str, Any]:
     return {**ENVIRONMENT_SCHEMA, "properties": props, "oneOf": one_kind}
 
 
+def _devices_schema(fixed: int | None) -> dict[str, Any]:
+    """What one kind's ``devices`` may be: ``fixed`` when the kind always holds that many, else anything but 0."""
+    return {"const": fixed} if fixed is not None else {"not": {"const": 0}}
+
+
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -414,6 +449,7 @@ SPEC_SCHEMA: dict[str, Any] = {
             "properties": {
                 **{k: False for k in KINDS if k != kind},
                 **({} if KIND_MODULES[kind].ENVIRONMENT else {"environment": False, "stack": False}),
+                "devices": _devices_schema(getattr(KIND_MODULES[kind], "DEVICES", None)),
             },
         }
         for kind in KINDS
@@ -422,8 +458,10 @@ SPEC_SCHEMA: dict[str, Any] = {
         "name": {"type": "string", "pattern": NAME_RE.pattern},
         **{name: kind.SCHEMA for name, kind in KIND_MODULES.items()},
         "devices": {
-            "oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}]
+            "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_DEVICES}, {"type": "string", "enum": ["all"]}],
+            "description": "a count from 1, or all; 0 (the only value) for a kind that holds none: tensorboard",
         },
+        "device_kind": {"type": "string", "enum": list(DEVICE_KINDS), "description": "GPUs (cuda) or CPU worker slots"},
         "placement": {"type": "string", "pattern": r"^(best|pack|partition:[A-Za-z0-9_-]{1,64})$", "example": "best"},
         "priority": {"type": "integer", "minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY},
         "max_runtime": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S},

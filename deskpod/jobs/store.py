@@ -225,6 +225,8 @@ class Store:
         dashboard's live stream) compares it with the count when its caller was checked, and checks again only
         when it moved. Every revocation goes through the daemon's API, so this process sees them all."""
         self._touched: dict[int, int] = {}
+        self._written = threading.Condition(self._lock)
+        """Notified after every committed write (`wait_written`)."""
         self._queued: dict[int, QueueRow] | None = None
         """The queued jobs as `queue` gives them, kept in step with this process's writes (see `queue`)."""
         self._data_version = -1
@@ -250,6 +252,14 @@ class Store:
                 self._touched[j] = self.version
             if refresh and jobs and self._queued is not None:
                 self._refresh_queued(jobs)
+            self._written.notify_all()
+
+    def wait_written(self, job_ids: Iterable[int], since: int, timeout: float) -> bool:
+        """Wait until one of these jobs is written after store version ``since`` (by this process), at most
+        ``timeout`` seconds; whether one was."""
+        ids = list(job_ids)
+        with self._written:
+            return self._written.wait_for(lambda: any(self._touched.get(j, 0) > since for j in ids), timeout)
 
     def _refresh_queued(self, jobs: Iterable[int]) -> None:
         assert self._queued is not None
@@ -461,6 +471,16 @@ class Store:
             db.execute(f"UPDATE jobs SET lease_until = ?, lease_confirmed = 1 WHERE lease_holder = ? AND id IN ({marks})",
                        [until, holder, *wanted])  # fmt: skip
             rows = db.execute(f"SELECT * FROM jobs WHERE lease_holder = ? AND id IN ({marks})", [holder, *wanted])
+            return [_record(r) for r in rows.fetchall()]
+
+    def held(self, holder: str, ids: Iterable[int]) -> list[JobRecord]:
+        """The jobs among ``ids`` that ``holder`` holds a lease on, as they are (nothing is renewed)."""
+        wanted = list(ids)
+        if not wanted:
+            return []
+        marks = ",".join("?" * len(wanted))
+        with self._lock:
+            rows = self._db.execute(f"SELECT * FROM jobs WHERE lease_holder = ? AND id IN ({marks})", [holder, *wanted])
             return [_record(r) for r in rows.fetchall()]
 
     def transition(

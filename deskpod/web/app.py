@@ -51,6 +51,7 @@ PAGES = (
     "deskpod.web.jobpage",
     "deskpod.web.launch",
     "deskpod.web.sessionlist",
+    "deskpod.web.terminal_page",
     "deskpod.web.compare",
     "deskpod.web.models",
     "deskpod.web.video",

@@ -27,11 +27,12 @@ from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.web import render
 from deskpod.web.app import Web
-from deskpod.web.session import Signed, Viewer, form_csrf
+from deskpod.web.session import ROOT, Signed, Viewer, form_csrf
 
 SESSION_KINDS = tuple(k for k, m in KINDS.items() if m.SESSION)
-LANDING = {"notebook": "lab"}
-"""The page under ``/sessions/<id>/`` each kind opens on."""
+LANDING = {"notebook": f"{PREFIX}/{{id}}/lab", "shell": f"{ROOT}/jobs/{{id}}/terminal",
+           "tensorboard": f"{PREFIX}/{{id}}/"}  # fmt: skip
+"""Where each kind opens: JupyterLab and TensorBoard through the proxy, a shell on its terminal page."""
 SHOWN = (JobState.QUEUED, JobState.STARTING, JobState.BUILDING, JobState.RUNNING)
 TIMES = ("1h", "4h", "8h", "24h")
 
@@ -62,7 +63,7 @@ def row(job: JobRecord) -> SessionRow:
     running = job.state is JobState.RUNNING
     ends = job.started_at + job.spec.max_runtime if job.started_at and job.spec.max_runtime else None
     return SessionRow(job.id, kind, job.name, job.state.value, list(job.assigned), job.reason or "",
-                      f"{PREFIX}/{job.id}/{LANDING.get(kind, '')}" if running else None, ends)  # fmt: skip
+                      LANDING.get(kind, f"{PREFIX}/{{id}}/").format(id=job.id) if running else None, ends)  # fmt: skip
 
 
 def page_data(web: Web, who: Viewer, errors: dict[str, str] | None = None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import socket
 from collections.abc import AsyncIterator, Iterable
@@ -33,7 +34,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response, Streamin
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from deskpod.errors import DeskpodError, NotFoundError, UnavailableError
-from deskpod.jobs.api import PEER
+from deskpod.jobs.api import PEER, status_of
 from deskpod.jobs.kinds import KINDS
 from deskpod.jobs.kinds.session import PREFIX, SECRET_HEADER, Endpoint, read_endpoint, socket_path
 from deskpod.jobs.states import JobState
@@ -61,14 +62,18 @@ async def caller(connection: Request | WebSocket, web: Web) -> User:
     dashboard's session cookie or a bearer token (`deskpod.web.session.viewer`)."""
     peer = connection.scope.get(PEER)
     accounts = web.pod.accounts
-    if (
-        peer is not None
-        and accounts is not None
-        and not connection.headers.get("authorization")
-        and (not connection.cookies.get(COOKIE))
-    ):
+    if peer is not None and accounts is not None and on_socket(connection):
         return accounts.user_of(peer)
     return (await viewer(cast(Request, connection))).user
+
+
+def on_socket(connection: Request | WebSocket) -> bool:
+    """Whether the caller is on the pod's Unix socket and sends no credentials: the kernel says who it is."""
+    return (
+        connection.scope.get(PEER) is not None
+        and not connection.headers.get("authorization")
+        and not connection.cookies.get(COOKIE)
+    )
 
 
 def session_job(web: Web, user: User, job_id: str) -> JobRecord:
@@ -210,6 +215,16 @@ def register(app: FastAPI, web: Web) -> None:
     """The ``/sessions`` app (mounted at `PREFIX`): every method and the WebSocket of ``/<id>/<path>``."""
     upstreams = Upstreams()
     app.state.upstreams = upstreams
+    general = app.exception_handlers.get(DeskpodError)
+
+    @app.exception_handler(DeskpodError)
+    async def refused(request: Request, e: DeskpodError) -> Response:
+        """On the pod's Unix socket (no cookie, no token) the caller is known without signing in: its error as
+        it is (503 while a session starts), not the sign-in page the dashboard's handler sends the anonymous."""
+        if on_socket(request):
+            return JSONResponse({"error": str(e)}, status_code=status_of(e))
+        answer = general(request, e) if general is not None else None
+        return cast(Response, await answer if inspect.isawaitable(answer) else answer)
 
     @app.api_route("/{job_id}", methods=["GET", "HEAD"])
     async def bare(job_id: str) -> Response:

@@ -40,6 +40,7 @@ CMD = ["submit", "--cluster", "slurm", "--name", "bad"]
         (["--partition", "nope"], "slurm partition 'nope' does not exist; valid: debug, short"),
         (["--nodes", "3"], "nodes = 3: partition 'debug' has 2 nodes; valid: 1-2"),
         (["--devices", "5"], "devices = 5 GPUs per node: the nodes of partition 'debug' have at most 2"),
+        (["--device-kind", "cpu"], "device_kind = 'cpu': the nodes of partition 'debug' have GPUs (GRES gpu:2)"),
     ],
 )
 def test_what_the_cluster_cannot_run_is_refused_before_anything_is_queued(

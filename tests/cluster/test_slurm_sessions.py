@@ -19,7 +19,8 @@ import pytest
 from deskpod.jobs.kinds.session import SECRET_HEADER
 from tests.cluster.slurm import SlurmCluster
 from tests.jobs.pods import Pods, wait_for
-from tests.web.test_sessions import _execute, _ws_url, bearer, start_kernel, ws_refused
+from tests.web.session_pods import refused
+from tests.web.test_sessions import _execute, _ws_url, bearer, start_kernel
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 
@@ -59,7 +60,7 @@ def test_a_notebook_on_slurm_answers_its_owner_through_the_pod(slurm: SlurmClust
         out = asyncio.run(_execute(url, bearer(ann), "import os; print('SLURM', os.environ['SLURM_JOB_ID'])"))
         assert out.split() == ["SLURM", str(c.job(job)["external"])], out
 
-        assert asyncio.run(ws_refused(url, bearer(ben))) in (4404, 403)
+        assert asyncio.run(refused(url, bearer(ben))) in (4404, 403)
         c.cancel(job)
         wait_for(lambda: c.job(job)["state"] == "cancelled", 60, "the notebook to be cancelled")
         assert slurm.job(str(c.job(job)["external"]))["JobState"] == "CANCELLED"

@@ -144,10 +144,16 @@ def test_a_job_naming_devices_the_box_does_not_have_is_refused() -> None:
     box = Box(kind="cuda", devices=8, cores=(0, 1), memory_bytes=GiB, topology=machine("dgx1-v100"))
     with pytest.raises(ConfigError, match=r"job devices \[8\]: device 8 is not one; this box has devices 0-7"):
         job_limits(DEFAULTS, box, [8])
-    with pytest.raises(ConfigError, match=r"job devices \[\]: no device"):
-        job_limits(DEFAULTS, box, [])
     with pytest.raises(ConfigError, match=r"job devices \[1, 1\]: a device named twice"):
         job_limits(DEFAULTS, box, [1, 1])
+
+
+def test_a_job_holding_no_devices_gets_one_devices_share_unpinned() -> None:
+    """TensorBoard holds no devices: its cgroup has one device's memory and tasks, on the pod's cores."""
+    box = Box(kind="cpu", devices=4, cores=(0, 1, 2, 3), memory_bytes=8 * GiB, kernel_tasks=4000)
+    one, none = job_limits(DEFAULTS, box, [2]), job_limits(DEFAULTS, box, [])
+    assert one.cpus == (2,) and none.cpus is None
+    assert none.memory_bytes == one.memory_bytes == 2 * GiB and none.tasks == one.tasks
 
 
 def test_this_boxs_kernel_task_limit_is_read() -> None:

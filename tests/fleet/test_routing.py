@@ -3,6 +3,8 @@ own forecasts, the reasons it gives, and what a job sent to a member takes from 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from deskpod.fleet.routing import Wanted, about, after, route
 from deskpod.fleet.snapshot import Holder, MemberSnapshot, from_status
 from deskpod.hardware.placement import machine
@@ -132,3 +134,47 @@ def test_a_member_whose_health_check_failed_gets_no_job_until_one_passes() -> No
     assert route(Wanted(2), [replace(big, health=unknown), small], NOW).member == "big"
     healed = replace(sick, state="passed", failing=(), at=NOW + 60)
     assert route(Wanted(2), [replace(big, health=healed), small], NOW).member == "big"
+
+
+def test_a_job_naming_a_device_kind_goes_only_to_members_of_that_kind() -> None:
+    gpus = box("gpus", "dgx-station", {i: "1" for i in range(4)}, free=((0.0, 0), (600.0, 4)))  # busy 10 min
+    cpus = MemberSnapshot(name="cpus", url="http://cpus", asked_at=NOW, reachable=True, kind="cpu",
+                          devices=tuple(Holder(i, None, None) for i in range(4)),
+                          topology=from_status("x", "", {"devices": [{"index": 0, "kind": "cpu"}],
+                                                         "topology": {"name": "cpu", "devices": 4}}, NOW,
+                                               False).topology, free=((0.0, 4),))  # fmt: skip
+    assert route(Wanted(2, max_runtime=60), [gpus, cpus], NOW).member == "cpus"  # free now beats 10 min
+    r = route(Wanted(2, max_runtime=60, kind="cuda"), [gpus, cpus], NOW)
+    assert r.member == "gpus"
+    assert r.reasons["cpus"] == "has CPU slots, the job wants GPUs (device_kind = 'cuda')"
+    assert route(Wanted(2, kind="cpu"), [gpus], NOW).reasons["gpus"] == (
+        "has GPUs, the job wants CPU slots (device_kind = 'cpu')"
+    )
+    # a cluster: a partition with GPUs is cuda, one without is cpu
+    hpc = MemberSnapshot(name="hpc", url="http://hpc", asked_at=NOW, reachable=True, backend="slurm",
+                         partitions=(("gpu", 2, 4), ("cpu", 8, 0)))  # fmt: skip
+    assert route(Wanted(2, nodes=4, kind="cpu"), [hpc], NOW).member == "hpc"
+    assert route(Wanted(2, nodes=4, kind="cuda"), [hpc], NOW).reasons["hpc"] == (
+        "no partition has 4 node(s) of 2 GPUs (gpu: 2 nodes x 4 GPUs, cpu: 8 nodes x 0 GPUs)"
+    )
+    only_gpus = replace(hpc, partitions=(("gpu", 2, 4),))
+    assert (
+        route(Wanted(1, kind="cpu"), [only_gpus], NOW)
+        .reasons["hpc"]
+        .startswith("no partition has 1 node(s) of CPUs (no GPUs)")
+    )
+
+
+def test_among_equal_starts_the_member_with_the_jobs_stack_built_wins_and_says_so() -> None:
+    a, b = box("a", "dgx-station"), box("b", "dgx-station", stacks=("pytorch@v2",))
+    r = route(Wanted(2, stack="pytorch@v2"), [a, b], NOW)
+    assert r.member == "b"  # "a" would win by name
+    assert r.reasons == {
+        "b": "2 GPUs free now; pytorch@v2 built there",
+        "a": "2 GPUs free now; pytorch@v2 not built there yet",
+    }
+    assert route(Wanted(2, stack="pytorch@v3"), [a, b], NOW).member == "a"  # an older version does not count
+    assert route(Wanted(2), [a, b], NOW).reasons["b"] == "2 GPUs free now"  # a job without a stack: no word of it
+    # the stack is a tie-breaker only: a sooner start wins over a built stack
+    busy = box("b", "dgx-station", {i: "1" for i in range(4)}, free=((0.0, 0), (600.0, 4)), stacks=("pytorch@v2",))
+    assert route(Wanted(2, max_runtime=60, stack="pytorch@v2"), [a, busy], NOW).member == "a"

@@ -16,7 +16,7 @@ from deskpod.envs.cache import find_uv
 from deskpod.envs.definition import EnvDefinition, content_hash, parse_environment
 from deskpod.envs.index import package_sources
 from deskpod.errors import ConfigError, NotFoundError
-from deskpod.fleet.rollout import JobEnd, judge
+from deskpod.fleet.rollout import JobEnd, devices_of, judge
 from deskpod.fleet.stacks import MemberBuild, StackStore, stack_definition
 from deskpod.jobs.spec import parse_spec
 
@@ -195,3 +195,13 @@ def test_a_smoke_jobs_end_is_read_into_its_outcome_and_the_first_failing_step(
     late = read("timeout", "", "SMOKE start 3.11.7\nSMOKE ok import torch 2.13.0\n")
     assert late.step == "wait" and "cancelled at step matmul" in late.reason
     assert read("failed", "cannot start: no such account", "").step == "start"
+
+
+def test_a_smoke_job_asks_for_a_members_own_devices_or_a_node_of_its_clusters_default_partition() -> None:
+    box = {"devices": [{"index": i} for i in range(8)], "backend": {"name": "local"}}
+    parts = [{"name": "short", "nodes": 1, "gpus_per_node": 8, "default": False},
+             {"name": "debug", "nodes": 2, "gpus_per_node": 4, "default": True}]  # fmt: skip
+    cluster = {"devices": [], "backend": {"name": "slurm", "partitions": parts}}
+    assert (devices_of(box), devices_of(cluster)) == (8, 4)
+    assert devices_of({"devices": [], "backend": {"name": "slurm", "partitions": parts[:1]}}) == 8  # no default
+    assert devices_of({"devices": [], "backend": {"name": "slurm", "partitions": []}}) == 0

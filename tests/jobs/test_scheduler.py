@@ -65,6 +65,14 @@ def test_no_backfill_past_a_reservation_without_runtimes() -> None:
     assert plan.waits[2].startswith("waiting behind job 1")
 
 
+def test_a_job_holding_no_devices_starts_on_a_full_box_behind_a_blocked_head() -> None:
+    """TensorBoard (0 devices) takes nothing from the head's reservation: it starts, the head still waits."""
+    running = [Running(9, 0, (0, 1), NOW - 10)]
+    plan = schedule([Waiting(1, 5, 2), Waiting(2, 0, 0), Waiting(3, 0, 1)], running, 2, lowest, NOW, preemption=False)
+    assert [(s.job, s.devices) for s in plan.starts] == [(2, ())]
+    assert plan.reserved == 1 and 3 in plan.waits
+
+
 def test_preemption_stops_the_lowest_priority_newest_job_first() -> None:
     running = [
         Running(7, 1, (0,), NOW - 50),

@@ -71,6 +71,12 @@ def test_a_job_that_can_never_fit_is_refused_with_its_reason(shared_pod: Pod) ->
     assert len(c.jobs()) == before
     r = shared_pod.cli("submit", "--devices", "64", "--", "true")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "never fit" in r.stderr
+    kind = c.status()["devices"][0]["kind"]
+    other = "cpu" if kind == "cuda" else "cuda"
+    r = shared_pod.cli("submit", "--device-kind", other, "--", "true")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"device_kind = '{other}': this box's devices are" in r.stderr and f"(device_kind = '{kind}')" in r.stderr
+    assert shared_pod.cli("submit", "--device-kind", kind, "--", "true").returncode == 0
 
 
 def raw(pod: Pod, method: str, path: str, token: str | None = "", **kw: Any) -> httpx.Response:

@@ -67,6 +67,7 @@ BAD = [
     ({"command": ["x"], "retries": -1}, "retries"),
     ({"command": ["x"], "retries": 1000}, "retries"),
     ({"command": ["x"], "placement": "fastest"}, "placement"),
+    ({"command": ["x"], "device_kind": "gpu"}, 'device_kind = \'gpu\' is not valid; use "cuda" (GPUs) or "cpu"'),
     ({"command": ["x"], "env": {"A B": "1"}}, "env"),
     ({"command": ["x"], "env": {"A": 1}}, "env.A"),
     ({"command": ["x"], "env": {"CUDA_VISIBLE_DEVICES": "0"}}, "sets"),
@@ -189,3 +190,13 @@ def test_a_field_given_as_null_is_refused_as_the_document_says(data: dict[str, o
     import jsonschema_rs  # schemathesis's validator, installed with it
 
     assert not jsonschema_rs.is_valid(SPEC_SCHEMA, data)
+
+
+def test_a_device_kind_round_trips_and_the_schema_says_what_the_parser_takes() -> None:
+    import jsonschema_rs  # schemathesis's validator, installed with it
+
+    s = parse_spec({"command": ["x"], "device_kind": "cuda"})
+    assert s.device_kind == "cuda" and s.to_json()["device_kind"] == "cuda" and parse_spec(s.to_json()) == s
+    assert "device_kind" not in parse_spec({"command": ["x"]}).to_json()
+    assert jsonschema_rs.is_valid(SPEC_SCHEMA, {"command": ["x"], "device_kind": "cpu"})
+    assert not jsonschema_rs.is_valid(SPEC_SCHEMA, {"command": ["x"], "device_kind": "gpu"})

@@ -156,3 +156,29 @@ def test_a_stored_spec_that_todays_rules_refuse_is_listed_and_never_runs(tmp_pat
     assert ended is not None and ended.state is JobState.FAILED
     assert "its spec is no longer accepted" in ended.reason and "LD_PRELOAD" in ended.reason
     assert not (tmp_path / "home" / "jobs" / str(job.id) / "output.log").exists()  # nothing ran
+
+
+def test_a_waiter_wakes_when_one_of_its_jobs_is_written_and_reads_what_a_fleet_holds(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    store = _store(tmp_path)
+    spec = parse_spec({"command": ["x"]})
+    held = store.submit("alice", spec, 1, time.time(), lease=("fleet-1", time.time() + 60)).id
+    other = store.submit("alice", spec, 1, time.time()).id
+    assert [j.id for j in store.held("fleet-1", [held, other])] == [held]  # the other is no fleet's
+    assert store.held("fleet-2", [held]) == []
+    assert not store.held("fleet-1", [held])[0].lease_confirmed  # reading renews and confirms nothing
+
+    since = store.version
+    t0 = time.monotonic()
+    assert not store.wait_written([held], since, 0.2)  # nothing written: the whole timeout
+    assert time.monotonic() - t0 >= 0.2
+    store.transition(other, JobState.CANCELLED, "test", expect=[JobState.QUEUED])
+    assert not store.wait_written([held], since, 0.05)  # another job's write does not count
+    writer = threading.Timer(0.1, lambda: store.transition(held, JobState.STARTING, "test"))
+    writer.start()
+    t0 = time.monotonic()
+    assert store.wait_written([held], store.version, 10)
+    assert time.monotonic() - t0 < 5 and store.job(held).state is JobState.STARTING  # type: ignore[union-attr]
+    writer.join()

@@ -12,54 +12,27 @@ import html
 import json
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import websockets
 from websockets.asyncio.client import connect
 
 from deskpod.envs.accounts import Account
-from tests.jobs.pods import Pod, Pods, wait_for, wait_state
-from tests.unix_users import make_users, shared_folder
+from tests.jobs.pods import Pod, wait_for, wait_state
+from tests.web import session_pods
 from tests.web.browser import CHROMIUM, launch_chromium, open_signed_in
 
 pytestmark = [
     pytest.mark.server,
     pytest.mark.skipif(os.geteuid() != 0, reason="sessions run as their users only on a pod started by root"),
 ]
+box, users, pod, tokens = session_pods.box, session_pods.users, session_pods.pod, session_pods.tokens
+"""The module's pod, users and tokens (`tests.web.session_pods`)."""
 
 CELL = ("import os, getpass, torch; print('SEEN', getpass.getuser(), os.environ.get('DESKPOD_CPU_SLOTS'), "
         "repr(os.environ.get('CUDA_VISIBLE_DEVICES')), torch.cuda.device_count())")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def box() -> Iterator[Path]:
-    with shared_folder("deskpod-sessions-") as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def users() -> Iterator[tuple[Account, Account]]:
-    with make_users("ann", "ben") as (ann, ben):
-        yield ann, ben
-
-
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory, box: Path) -> Iterator[Pod]:
-    pods = Pods(tmp_path_factory.mktemp("sessions"))
-    try:
-        yield pods("--socket", str(box / "pod.sock"), sandbox=True)
-    finally:
-        pods.stop_all()
-
-
-@pytest.fixture(scope="module")
-def tokens(pod: Pod, users: tuple[Account, Account]) -> dict[str, str]:
-    admin = pod.client()
-    return {a.name: str(admin.add_user(a.name, os_user=a.name)["token"]) for a in users}
 
 
 @pytest.fixture(scope="module")
@@ -124,18 +97,6 @@ async def _execute(url: str, headers: dict[str, str], code: str) -> str:
         return out
 
 
-async def ws_refused(url: str, headers: dict[str, str]) -> int | None:
-    """How the WebSocket at ``url`` turns ``headers`` away: its close code or HTTP status (None: it let them in)."""
-    try:
-        async with connect(url, additional_headers=headers) as ws:
-            await ws.recv()
-    except websockets.ConnectionClosed as e:
-        return e.rcvd.code if e.rcvd else None
-    except websockets.InvalidStatus as e:
-        return e.response.status_code
-    return None
-
-
 def start_kernel(http: httpx.Client, notebook: str, headers: dict[str, str]) -> str:
     """A kernel of the session, started through the pod (Jupyter's own cross-site check: its _xsrf cookie)."""
     http.get(f"/sessions/{notebook}/lab", headers=headers)
@@ -156,8 +117,9 @@ def test_a_kernel_runs_as_the_owner_on_its_devices_over_the_websocket(
     out = asyncio.run(_execute(url, bearer(tokens[ann.name]), CELL))
     held = wait_state(pod.client(), notebook, "running")["assigned"]
     assert out.split() == ["SEEN", ann.name, ",".join(map(str, held)), "''", "0"], out
+
     for headers in (bearer(tokens[ben.name]), bearer(pod.token), {}):
-        assert asyncio.run(ws_refused(url, headers)) in (4404, 403), headers
+        assert asyncio.run(session_pods.refused(url, headers)) in (4404, 403), headers
 
 
 def test_chromium_opens_the_notebook_and_runs_a_cell(

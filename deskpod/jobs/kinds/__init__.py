@@ -10,8 +10,10 @@ kind's argv is built in one place. A kind is a module with this shape (`Kind`)::
     serve     [serve] run = "/abs/runs/NAME" ...     export the run if new, then deskpod serve (kinds/serve.py)
     video     [video] sources = ["/abs/cam.mp4"] ...  deskpod video index, its figures to a file (kinds/video.py)
     notebook  [notebook]                             JupyterLab, reached through the pod (kinds/notebook.py)
+    shell     [shell]                                a shell in a pty, a WebSocket through the pod (kinds/shell.py)
+    tensorboard [tensorboard] runs = ["/abs/runs/a"]  TensorBoard over runs, no devices (kinds/tensorboard.py)
 
-A session kind (``SESSION = True``: notebook) serves people rather than finishing work: its process answers HTTP on
+A session kind (``SESSION = True``: notebook, shell, tensorboard) serves people rather than finishing work: its process answers HTTP on
 the Unix socket `deskpod.jobs.kinds.session.SOCKET` in its folder, and the pod forwards ``/sessions/<id>/`` there.
 
 ``deskpod run --submit`` queues a command job whose argv is ``deskpod run ...`` (kinds/run.py builds it).
@@ -22,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from deskpod.jobs.kinds import command, notebook, serve, train, video
+from deskpod.jobs.kinds import command, notebook, serve, shell, tensorboard, train, video
 
 
 class Kind(Protocol):
@@ -44,5 +46,8 @@ class Kind(Protocol):
         """The command line job ``name`` runs in its ``folder`` (writing there what the command line names)."""
 
 
-KINDS: dict[str, Kind] = {"command": command, "train": train, "serve": serve, "video": video, "notebook": notebook}
+KINDS: dict[str, Kind] = {
+    "command": command, "train": train, "serve": serve, "video": video, "notebook": notebook, "shell": shell,
+    "tensorboard": tensorboard,
+}  # fmt: skip
 """A spec has exactly one of these fields; it says what the job runs."""

@@ -36,9 +36,9 @@ from deskpod.jobs.kinds.session import (
     LISTEN_ENV,
     SECRET,
     SECRET_ENV,
-    SOCKET_PATH_MAX,
     base_path,
     socket_path,
+    socket_too_long,
     write_endpoint,
 )
 
@@ -122,9 +122,9 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.notebook JOB_FOLDER", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    if not os.environ.get(LISTEN_ENV) and len(str(socket_path(folder)).encode()) > SOCKET_PATH_MAX:
-        print(f"deskpod notebook: the session socket {socket_path(folder)} is longer than a Unix socket allows "
-              f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home", file=sys.stderr)  # fmt: skip
+    too_long = None if os.environ.get(LISTEN_ENV) else socket_too_long(folder, "deskpod notebook")
+    if too_long is not None:
+        print(too_long, file=sys.stderr)
         return 2
     jupyter = folder / "jupyter"
     write_kernel_spec(jupyter, kernel_python(os.environ))

@@ -98,3 +98,11 @@ def read_endpoint(folder: Path) -> Endpoint | None:
     if not isinstance(host, str) or not isinstance(port, int) or not 0 < port < 65536 or not secret:
         return None
     return Endpoint(host, port, secret)
+
+
+def socket_too_long(folder: Path, command: str) -> str | None:
+    """What a session's process says, and exits 2 on, when its socket's path is too long to bind; else None."""
+    if len(str(socket_path(folder)).encode()) <= SOCKET_PATH_MAX:
+        return None
+    return (f"{command}: the session socket {socket_path(folder)} is longer than a Unix socket allows "
+            f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home")  # fmt: skip
