@@ -154,8 +154,8 @@ class Upstreams:
     def __init__(self) -> None:
         self.pools: dict[int, tuple[object, Upstream]] = {}
 
-    async def upstream(self, job: JobRecord, folder: Path, uid: int) -> Upstream:
-        endpoint = read_endpoint(folder)
+    async def upstream(self, job: JobRecord, folder: Path, uid: int, *, on_nodes: bool) -> Upstream:
+        endpoint = read_endpoint(folder) if on_nodes else None
         key: object
         if endpoint is not None:
             key = endpoint
@@ -182,6 +182,13 @@ class Upstreams:
             made = Upstream(pool, "http://session", None)
         self.pools[job.id] = (key, made)
         return made
+
+
+def on_nodes(web: Web) -> bool:
+    """Whether the pod's sessions run on cluster nodes (its executor is not the local one), where they listen on a
+    node's address. A pod's own sessions are reached on their socket alone, whatever files their folder holds: its
+    owner could write an address there, and the pod would be their way to it."""
+    return web.pod.executor.name != "local"
 
 
 def forwarded_headers(
@@ -242,7 +249,7 @@ def register(app: FastAPI, web: Web) -> None:
         try:
             job = session_job(web, user, job_id)
             folder = web.pod.job_folder(job)
-            upstream = await upstreams.upstream(job, folder, account_uid(web, user))
+            upstream = await upstreams.upstream(job, folder, account_uid(web, user), on_nodes=on_nodes(web))
         except SessionNotReady as e:
             return waiting(request, web, job_id, str(e))
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -293,7 +300,7 @@ def register(app: FastAPI, web: Web) -> None:
             await websocket.close(code=4404)
             return
         folder = web.pod.job_folder(job)
-        endpoint = read_endpoint(folder)
+        endpoint = read_endpoint(folder) if on_nodes(web) else None
         where = socket_path(folder)
         target = websocket.url.path + (f"?{websocket.url.query}" if websocket.url.query else "")
         host = websocket.headers.get("host", "localhost")

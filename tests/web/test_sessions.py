@@ -169,6 +169,18 @@ def test_a_link_planted_for_the_socket_reaches_nothing_else(
         (folder / "session.real").replace(sock)
     with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
         assert http.get(f"/sessions/{notebook}/api/status", headers=bearer(tokens[ann.name])).status_code == 200
+    # An address written where a cluster node's session says where it listens sends nothing there on this pod: its
+    # sessions are reached on their socket alone (here the address is the pod's own API, which would answer whoami).
+    for name, text in (("session.json", json.dumps({"host": "127.0.0.1", "port": pod.port})), ("session.secret", "x")):
+        (folder / name).write_text(text)
+        os.chown(folder / name, ann.uid, ann.gid)
+    try:
+        with httpx.Client(base_url=pod.url, trust_env=False, timeout=30) as http:
+            r = http.get(f"/sessions/{notebook}/api/status", headers=bearer(tokens[ann.name]))
+            assert r.status_code == 200 and "kernels" in r.json(), r.text  # JupyterLab's answer, not the pod's
+    finally:
+        for name in ("session.json", "session.secret"):
+            (folder / name).unlink()
 
 
 def test_new_notebook_from_the_dashboard_waits_then_opens(
