@@ -81,7 +81,8 @@ MAX_ENV = 256
 
 KINDS = tuple(KIND_MODULES)
 """A spec has exactly one of these fields; it says what the job runs (`deskpod.jobs.kinds`)."""
-OWN_CODE = " and ".join(k for k, m in KIND_MODULES.items() if m.ENVIRONMENT)
+_OWN = [k for k, m in KIND_MODULES.items() if m.ENVIRONMENT]
+OWN_CODE = f"{', '.join(_OWN[:-1])} and {_OWN[-1]}" if len(_OWN) > 1 else _OWN[0]
 """The kinds that run the user's own code, in the job's ``[environment]`` or ``stack`` (the rest run deskpod)."""
 FIELDS = (
     "name", *KINDS, "devices", "placement", "priority", "max_runtime", "retries", "env", "workdir", "nodes", "slurm",

@@ -129,7 +129,7 @@ def test_a_job_naming_a_stack_is_pinned_to_the_current_version_and_keeps_it(stor
 def test_the_spec_takes_a_stack_only_where_it_means_something() -> None:
     with pytest.raises(ConfigError, match=r"give stack = 'tools' or an \[environment\], not both"):
         parse_spec({"command": ["true"], "stack": "tools", "environment": {"packages": ["six"]}})
-    with pytest.raises(ConfigError, match="stack applies to command jobs"):
+    with pytest.raises(ConfigError, match="stack applies to command, notebook and shell jobs"):
         parse_spec({"train": {"epochs": 1}, "stack": "tools"})
     with pytest.raises(ConfigError, match=r"stack = 'a b' is not valid"):
         parse_spec({"command": ["true"], "stack": "a b"})

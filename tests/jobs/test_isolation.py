@@ -191,7 +191,7 @@ def test_bad_environments_are_refused_at_submission(pod: Pod) -> None:
         admin.submit({"command": ["true"], "environment": {"python": "3.99", "packages": ["tabulate"]}})
     with pytest.raises(ConflictError, match="needs a container runtime"):
         admin.submit({"command": ["true"], "environment": {"image": "docker.io/library/python:3.11"}})
-    with pytest.raises(ConfigError, match="environment applies to command jobs"):
+    with pytest.raises(ConfigError, match="environment applies to command, notebook and shell jobs"):
         admin.submit({"train": {"epochs": 1}, "environment": {"packages": ["tabulate"]}})
 
 

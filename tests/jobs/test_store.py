@@ -50,8 +50,8 @@ def test_jobs_of_one_kind(tmp_path: Path) -> None:
     ) == []
     assert [j.id for j in store.jobs(kind="command", limit=1)] == [ids[3]] and store.count(kind="command") == 2
     assert [j.id for j in store.jobs(kind="command", before=ids[3])] == [ids[1]]
-    with pytest.raises(ValueError, match="job kind 'notebook'"):
-        store.jobs(kind="notebook")
+    with pytest.raises(ValueError, match="job kind 'jupyter'"):
+        store.jobs(kind="jupyter")
 
 
 def test_sessions_expire_and_end(tmp_path: Path) -> None:
