@@ -281,7 +281,7 @@ class FleetExecutor:
                 error = self._send(pod, job, r)
                 if error is None:
                     snaps[r.member] = after(want, snaps[r.member], time.time())
-                    self.survey.forget(r.member)
+                    self.survey.keep(r.member, snaps[r.member])
                     sent = True
                     break
                 refused[r.member] = error
