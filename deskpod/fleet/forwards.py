@@ -11,12 +11,12 @@ reused by a fleet whose database was started afresh, since a member keeps every 
 from __future__ import annotations
 
 import secrets
-import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from deskpod.jobs.store import private, transaction
+from deskpod.fleet.members import connect
+from deskpod.jobs.store import transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS fleet_forwards(
@@ -45,16 +45,8 @@ class Forwards:
     """The ``fleet_forwards`` table (and each job's count of forwards begun): its own connection, one lock."""
 
     def __init__(self, path: Path) -> None:
-        private(path)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        self._db = connect(path, SCHEMA)
         self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
     def begin(self, job: int, member: str, now: float) -> Forward:
         """Record, committed before this returns, that ``job`` is being forwarded to ``member`` with a new key.

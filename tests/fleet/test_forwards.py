@@ -15,7 +15,7 @@ def test_a_forward_is_kept_until_settled_across_reopening_and_each_attempt_gets_
     assert (f.job, f.member, f.attempt, f.at) == (12, "box-a", 1, 100.0) and f.key.startswith("12.1.")
     with pytest.raises(ValueError, match="under way already"):
         forwards.begin(12, "box-b", 101.0)
-    forwards.close()
+    del forwards
 
     reopened = Forwards(tmp_path / "pod.db")  # a fleet that restarted finds it
     assert reopened.pending() == [f]
@@ -24,4 +24,3 @@ def test_a_forward_is_kept_until_settled_across_reopening_and_each_attempt_gets_
     g = reopened.begin(12, "box-b", 102.0)
     assert g.attempt == 2 and g.key.startswith("12.2.") and g.key != f.key
     assert [p.job for p in reopened.pending()] == [12]
-    reopened.close()
