@@ -69,6 +69,7 @@ def up(args: argparse.Namespace) -> int:
     from deskpod.errors import ConfigError
     from deskpod.fleet.api import routes
     from deskpod.fleet.executor import FleetExecutor
+    from deskpod.fleet.forwards import Forwards
     from deskpod.fleet.keys import FleetKey
     from deskpod.fleet.members import Members
     from deskpod.fleet.rollout import FleetLink, Rollouts
@@ -90,8 +91,8 @@ def up(args: argparse.Namespace) -> int:
     key = FleetKey.in_home(home)
     private(home / "pod.db")
     stacks = StackStore(home / "stacks.db")
-    executor = FleetExecutor(Members(home / "pod.db"), key, lease_s=args.lease, health_s=args.health_every,
-                             stacks=stacks)  # fmt: skip
+    executor = FleetExecutor(Members(home / "pod.db"), key, Forwards(home / "pod.db"), lease_s=args.lease,
+                             health_s=args.health_every, stacks=stacks)  # fmt: skip
     print(f"deskpod: fleet {key.id}; members trust it with: deskpod up --trust-fleet {home / 'fleet.pub.pem'}",
           flush=True)  # fmt: skip
     rollouts = Rollouts(stacks, lambda user: [FleetLink(executor.client(m), user) for m in executor.members.all()

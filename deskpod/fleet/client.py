@@ -17,6 +17,10 @@ RENEW_S = 5.0
 """Timeout, and assertion lifetime, of a lease renewal: a renewal is void once its assertion expired, so the fleet
 knows by when at the latest one that got no answer could still have reached the member (`FleetExecutor`)."""
 
+FORWARD_S = 10.0
+"""Timeout, and assertion lifetime, of a keyed forward: the member takes it only while its assertion holds, so a
+forward that got no answer arrived, if at all, by then (`FleetExecutor`)."""
+
 DOCTOR_S = TIMEOUT_S + 20
 """Timeout of a doctor request: the member stops its doctor at `deskpod.jobs.doctor.TIMEOUT_S`."""
 
@@ -45,11 +49,23 @@ class MemberClient:
         """Its doctor's answer (`deskpod.jobs.doctor`), no older than ``max_age`` seconds: a run takes seconds."""
         return dict(self._call("GET", "/v1/doctor", None, params={"max_age": max_age}, timeout=DOCTOR_S).json())
 
-    def submit(self, user: str, spec: dict[str, Any], lease_s: float | None) -> dict[str, Any]:
+    def submit(self, user: str, spec: dict[str, Any], lease_s: float | None, key: str | None = None) -> dict[str, Any]:
         """Forward a job as ``user``; held by a lease the fleet renews, or (``lease_s`` None: the fleet's own jobs,
-        a stack's smoke job) not held: the member starts it as any job."""
-        params = {} if lease_s is None else {"lease": lease_s}
-        return dict(self._call("POST", "/v1/jobs", user, json=spec, params=params).json())
+        a stack's smoke job) not held: the member starts it as any job. ``key``: the forward's idempotency key (the
+        member may start the job at once; `lookup` finds it). A keyed forward's assertion, and the wait for its
+        answer, last `FORWARD_S`."""
+        params: dict[str, Any] = {} if lease_s is None else {"lease": lease_s}
+        if key is None:
+            return dict(self._call("POST", "/v1/jobs", user, json=spec, params=params).json())
+        params["key"] = key
+        r = self._call("POST", "/v1/jobs", user, FORWARD_S, json=spec, params=params, timeout=FORWARD_S)
+        return dict(r.json())
+
+    def lookup(self, keys: list[str]) -> dict[str, dict[str, Any]]:
+        """Which forwards with these keys arrived: their jobs, by key. A key not found is closed there: a forward
+        with it arriving later is refused (`deskpod.jobs.pod.Pod.lookup`)."""
+        r = self._call("POST", "/v1/leases/lookup", None, RENEW_S, json={"keys": keys}, timeout=RENEW_S)
+        return {str(k): dict(j) for k, j in r.json()["jobs"].items()}
 
     def job(self, user: str, job_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/jobs/{job_id}", user).json())

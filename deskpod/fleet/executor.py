@@ -4,11 +4,15 @@
 pods. Each tick:
 
 - **route** every queued job not yet on a member (`deskpod.fleet.routing`, over the members' snapshots) and forward
-  it, as its own user (an assertion, `deskpod.fleet.keys`), with a lease; ``external`` becomes ``member:job_id``,
-  and the routing's reasons go to the job's history;
+  it, as its own user (an assertion, `deskpod.fleet.keys`), with a lease and an idempotency key, written ahead
+  (`deskpod.fleet.forwards`): the member may start it at once; ``external`` becomes ``member:job_id``, and the
+  routing's reasons go to the job's history;
+- **resolve** the forwards whose answer never came (lost, or the fleet died meanwhile) by asking their member for
+  their keys (``POST /v1/leases/lookup``): found, the job is adopted; not found, it never arrived (and never will:
+  the member refuses the key from then on) and is routed again with a new key;
 - **follow** the forwarded jobs with one request per member (``POST /v1/leases``): it renews the leases of those
-  not yet started (the first renewal confirms a forward: only then may the member start it) and says every job's
-  state, which the fleet's copy is moved to (`deskpod.jobs.states`: the same table, step by step);
+  not yet started and says every job's state, which the fleet's copy is moved to (`deskpod.jobs.states`: the same
+  table, step by step);
 - **watch** a member while a job sent there has not started: a request that waits there for the start (``POST
   /v1/leases/watch``, renewing nothing) and wakes the fleet's loop when it answers, so the fleet's copy runs when the
   member's does, not at the next renewal;
@@ -17,11 +21,24 @@ pods. Each tick:
   seconds, in the background); a member whose last one failed gets no new jobs.
 
 **A job never runs twice.** A member starts a forwarded job only while its lease holds, and cancels it unstarted
-once the lease ran out (`deskpod.jobs.pod.Pod.expire_leases`). When a member stops answering, its jobs that had not
-started stay where they are until the last lease the fleet may have given them has surely run out — the last
-answered renewal plus the lease, or the last unanswered one plus its assertion's life, the lease and `SKEW` — and
-are then sent elsewhere. Jobs that had started keep their state, and are shown as the member reports them when it
-answers again. A forward whose answer never came was never confirmed, so it never starts there.
+once the lease ran out (`deskpod.jobs.pod.Pod.expire_leases`). A job is sent elsewhere only when its member cannot
+start it any more:
+
+- *The member said so*: it cancelled the job unstarted, or no longer has it, or a look-up of the forward's key found
+  nothing there. The look-up closes the key on the member in the same transaction, so a forward still on its way
+  (a slow member) is refused when it arrives: "not found" stays true.
+- *Its lease surely ran out.* When a member stops answering, its jobs that had not started stay where they are until
+  the last lease the fleet may have given them has surely run out, and are then sent elsewhere: the last answered
+  renewal plus the lease; or the last unanswered one plus its assertion's life, the lease and `SKEW`; or, for a
+  forward whose answer never came and whose key could not be looked up, the moment the fleet gave up waiting for the
+  answer (at a restart: the restart) plus the forward's assertion life (`FORWARD_S`: the member takes the forward
+  only before its ``exp``), `SKEW` and the lease — nothing renews a lease on a job the fleet has no id for.
+
+A forward is written ahead (`deskpod.fleet.forwards`) before it is sent, so a fleet that dies with its answer
+unread resolves it at the next start like a lost answer. Jobs that had started keep their state, and are shown as
+the member reports them when it answers again. What no lease can tell is a job a member started shortly before it
+stopped answering while the fleet still saw it queued, which that member would go on running: the same for a
+forward it took and started before it fell silent as for a job it had had queued for a while.
 """
 
 from __future__ import annotations
@@ -37,8 +54,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+import httpx
+
 from deskpod.errors import ConflictError, DeskpodError, ServiceError, UsageError
-from deskpod.fleet.client import RENEW_S, MemberClient, health
+from deskpod.fleet.client import FORWARD_S, RENEW_S, MemberClient, health
+from deskpod.fleet.forwards import Forward, Forwards
 from deskpod.fleet.health import HealthCheck, HealthChecks, from_doctor
 from deskpod.fleet.keys import FleetKey
 from deskpod.fleet.members import Member, Members
@@ -57,8 +77,8 @@ FOLLOWED = (S.QUEUED, S.STARTING, S.BUILDING, S.RUNNING)
 SKEW = 2.0
 """Seconds the member's clock may be behind the fleet's: it accepts an assertion until its ``exp`` by its own clock."""
 HURRY_S = 5.0
-"""After a job is sent, its member is followed on every tick of the pod's loop for this long (the confirmation,
-then the start, come within it), not once a poll, and watched (`FleetExecutor._watch`)."""
+"""After a job is sent, its member is watched for this long (`FleetExecutor._watch`): the start comes within it,
+and the fleet's copy runs when the member's does, not at the next renewal."""
 WATCH_S = 2.0
 """The longest one watch of a member waits for a start there (then the next tick may start another)."""
 STAGES = {S.QUEUED: 0, S.STARTING: 1, S.BUILDING: 2, S.RUNNING: 3}
@@ -88,10 +108,16 @@ class FleetExecutor:
     device_count = None  # devices = "all" is a whole member's, whichever it is
 
     def __init__(
-        self, members: Members, key: FleetKey, *, lease_s: float = 15.0, poll_s: float = 1.0, ttl: float = 2.0,
-        health_s: float = HEALTH_S, stacks: StackStore | None = None,
+        self, members: Members, key: FleetKey, forwards: Forwards, *, lease_s: float = 15.0, poll_s: float = 1.0,
+        ttl: float = 2.0, health_s: float = HEALTH_S, stacks: StackStore | None = None,
     ) -> None:  # fmt: skip
         self.members, self.key, self.lease_s, self.poll_s = members, key, lease_s, poll_s
+        self.forwards = forwards
+        """The forwards under way, written ahead (`deskpod.fleet.forwards`)."""
+        self._unanswered: dict[int, float] = {}
+        """Fleet job -> when its forward's answer was given up on (or this process started): the member took that
+        forward, if at all, before the forward's assertion expired after it."""
+        self._last_resolve = 0.0
         self.survey = Survey(self._ask, ttl=ttl)
         self.health_checks = HealthChecks(self._doctor, health_s)
         """Each member's last health check, asked every ``health_s`` seconds (0: never)."""
@@ -169,11 +195,15 @@ class FleetExecutor:
         return Forecast({w.id: i + 1 for i, w in enumerate(waiting)}, {})
 
     def recover(self, pod: PodSide) -> None:
-        """A previous fleet process may have renewed leases until now: none of its jobs moves before they ran out."""
-        until = time.time() + RENEW_S + 1 + self.lease_s + SKEW
+        """A previous fleet process may have renewed leases until now: none of its jobs moves before they ran out.
+        Its forwards still written ahead are resolved by key (`_resolve`), as answers that never came."""
+        now = time.time()
+        until = now + RENEW_S + 1 + self.lease_s + SKEW
         for job in pod.store.jobs(states=[S.QUEUED], limit=MANY):
             if job.external:
                 self._held[job.id] = until
+        for f in self.forwards.pending():
+            self._unanswered[f.job] = now
 
     def close(self, pod: PodSide, *, stop_jobs: bool) -> None:
         """Nothing to stop: the jobs are the members'; the next fleet process follows them again."""
@@ -184,7 +214,8 @@ class FleetExecutor:
             c.close()
 
     def cancel(self, pod: PodSide, job: JobRecord) -> None:
-        """A queued job was cancelled here: cancel its member's copy (if that fails, its lease runs out there)."""
+        """A queued job was cancelled here: cancel its member's copy (if that fails, its lease runs out there); a
+        copy whose forward is unanswered is cancelled when its look-up finds it (`_adopt`)."""
         self._held.pop(job.id, None)
         if job.external:
             member, job_id = split(job.external)
@@ -215,17 +246,21 @@ class FleetExecutor:
         if now - self._last_health >= 1.0:  # whose health check is due: asked in the background
             self._last_health = now
             self.health_checks.start_due([m.name for m in self.members.all() if not m.draining], now)
+        if self._unanswered and now - self._last_resolve >= self.poll_s:
+            self._last_resolve = now
+            self._resolve(pod)
         if woken or now - self._last_route >= self.poll_s:  # the queue is read at most once a poll, or when it changed
             self._last_route = now
-            queued = [j for j in pod.store.jobs(states=[S.QUEUED], limit=MANY) if not j.external]
+            queued = [j for j in pod.store.jobs(states=[S.QUEUED], limit=MANY)
+                      if not j.external and j.id not in self._unanswered]  # fmt: skip
             sent = bool(queued) and self._route(pod, queued)
             if sent:
                 self._hurry_until = now + HURRY_S
-        if sent or woken or now < self._hurry_until or now - self._last_follow >= self.poll_s:
+        if now < self._hurry_until:  # first: a keyed forward may start at once, and the watch sees it start
+            self._watch(pod, min(WATCH_S, self._hurry_until - now))
+        if woken or now - self._last_follow >= self.poll_s:
             self._last_follow = now
             self._follow(pod)
-        if now < self._hurry_until:
-            self._watch(pod, min(WATCH_S, self._hurry_until - now))
 
     # routing -------------------------------------------------------------------------------------
     def _route(self, pod: PodSide, queued: list[JobRecord]) -> bool:
@@ -246,34 +281,113 @@ class FleetExecutor:
                 error = self._send(pod, job, r)
                 if error is None:
                     snaps[r.member] = after(want, snaps[r.member], time.time())
-                    self.survey.forget(r.member)
+                    self.survey.keep(r.member, snaps[r.member])
                     sent = True
                     break
                 refused[r.member] = error
         return sent
 
     def _send(self, pod: PodSide, job: JobRecord, r: Route) -> str | None:
-        """Forward a job to the member ``r`` chose; None when done, else why the member did not take it."""
+        """Forward a job to the member ``r`` chose, written ahead with a key; None when sent (answered, or its answer
+        lost: then `_resolve` asks the member), else why the member did not take it."""
         assert r.member is not None
         m = self.members.get(r.member)
         if m is None:
             return "removed"
+        forward = self.forwards.begin(job.id, m.name, time.time())
         try:
-            got = self.client(m).submit(job.user, member_spec(job.spec), self.lease_s)
-        except ServiceError as e:  # silent, or failed: an unanswered forward is never confirmed, so never runs there
+            got = self.client(m).submit(job.user, member_spec(job.spec), self.lease_s, forward.key)
+        except ServiceError as e:
             self.survey.forget(m.name)
-            return str(e)
-        except UsageError as e:  # refused: the user has no account there, the box cannot take it
-            return str(e)
-        answered = time.time()
-        external = f"{m.name}:{got['id']}"
-        reason = f"on {m.name} (its job {got['id']}): {r.reasons[m.name]}"
-        if not pod.store.update(job.id, expect=[S.QUEUED], external=external, reason=reason):
-            self.client(m).cancel(job.user, str(got["id"]))  # cancelled here meanwhile
+            if isinstance(e.__cause__, httpx.ConnectError | httpx.ConnectTimeout):  # nothing was sent
+                self.forwards.settle(job.id)
+                return str(e)
+            self._unanswered[job.id] = time.time()  # sent, maybe taken there: asked by its key, never assumed
+            why = f"forwarded to {m.name}, whose answer did not come ({e}); asking it whether the job arrived"
+            pod.store.update(job.id, expect=[S.QUEUED], reason=why)
+            pod.store.note(job.id, why)
             return None
-        self._held[job.id] = answered + self.lease_s
-        pod.store.note(job.id, f"routed to {m.name} as its job {got['id']}: {r.text()}")
+        except UsageError as e:  # refused: the user has no account there, the box cannot take it
+            self.forwards.settle(job.id)
+            return str(e)
+        self._adopt(pod, job, m, forward, got, f"routed to {m.name} as its job {got['id']}: {r.text()}",
+                    f"on {m.name} (its job {got['id']}): {r.reasons[m.name]}")  # fmt: skip
         return None
+
+    def _adopt(self, pod: PodSide, job: JobRecord, m: Member, f: Forward, got: dict[str, Any], note: str,
+               reason: str) -> None:  # fmt: skip
+        """The member has the forwarded job ``got``: the fleet's copy follows it (``external``), and the forward is
+        settled. A copy cancelled here meanwhile has the member's cancelled too."""
+        answered = time.time()
+        if pod.store.update(job.id, expect=[S.QUEUED], external=f"{m.name}:{got['id']}", reason=reason):
+            self._held[job.id] = answered + self.lease_s
+            pod.store.note(job.id, note)
+        else:
+            with contextlib.suppress(DeskpodError):  # if it fails, its lease there runs out unrenewed
+                self.client(m).cancel(job.user, str(got["id"]))
+        self.forwards.settle(f.job)
+        self._unanswered.pop(f.job, None)
+
+    def _resolve(self, pod: PodSide) -> None:
+        """Ask each member, by key, which of the forwards whose answer never came arrived (one request per member):
+        found, the job is adopted; not found, it never arrived and never will (the key is closed there), so it is
+        routed again; a member that does not answer keeps its forwards until the lease it may have granted them has
+        surely run out (see the module docstring)."""
+        by_member: dict[str, list[Forward]] = defaultdict(list)
+        for f in self.forwards.pending():
+            if f.job in self._unanswered:
+                by_member[f.member].append(f)
+        members = {m.name: m for m in self.members.all()}
+        asked = [(members.get(name), fs) for name, fs in by_member.items()]
+        answers = self._pool.map(lambda mf: self._lookup(mf[0], [f.key for f in mf[1]]), asked)
+        for (m, fs), (found, error) in zip(asked, answers, strict=True):
+            for f in fs:
+                try:
+                    self._resolve_one(pod, m, f, found, error)
+                except Exception:  # one job's surprise must not stop the others being resolved
+                    traceback.print_exc(file=sys.stderr)
+
+    def _lookup(self, m: Member | None, keys: list[str]) -> tuple[dict[str, dict[str, Any]], str | None]:
+        if m is None:
+            return {}, "removed from the fleet"
+        try:
+            return self.client(m).lookup(keys), None
+        except DeskpodError as e:
+            return {}, str(e)
+
+    def _resolve_one(
+        self, pod: PodSide, m: Member | None, f: Forward, found: dict[str, dict[str, Any]], error: str | None
+    ) -> None:
+        store = pod.store
+        job = store.job(f.job)
+        if job is None:
+            self.forwards.settle(f.job)
+            self._unanswered.pop(f.job, None)
+            return
+        got = found.get(f.key)
+        if m is not None and got is not None:
+            self._adopt(pod, job, m, f, got, f"{m.name} has the forward whose answer was lost (key {f.key}), as its "
+                        f"job {got['id']}", f"on {m.name} (its job {got['id']})")  # fmt: skip
+            return
+        if error is None or m is None:
+            why = f"the forward to {f.member} never arrived there (looked up by its key); it is routed again"
+            if m is None:
+                why = f"{f.member} was removed from the fleet while a forward to it was unanswered; it is routed again"
+        else:
+            until = self._unanswered[f.job] + FORWARD_S + 1 + SKEW + self.lease_s
+            if time.time() < until:
+                stamp = time.strftime("%H:%M:%S", time.localtime(until))
+                why = (
+                    f"forwarded to {f.member}, which does not answer ({error}); routed again at {stamp} unless it does"
+                )
+                if job.reason != why:
+                    store.update(job.id, expect=[S.QUEUED], reason=why)
+                return
+            why = f"{f.member} does not answer ({error}); a forward it may have taken ran out its lease unstarted there"
+        self.forwards.settle(f.job)
+        self._unanswered.pop(f.job, None)
+        if store.update(job.id, expect=[S.QUEUED], reason=why):
+            store.note(job.id, why)
 
     # following -----------------------------------------------------------------------------------
     def _follow(self, pod: PodSide) -> None:

@@ -53,15 +53,22 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def connect(path: Path, schema: str) -> sqlite3.Connection:
+    """A connection of the fleet's own to the fleet pod's database (0600, WAL), its ``schema`` made: for one table
+    of the fleet's, used under its owner's lock."""
+    private(path)
+    db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(schema)
+    return db
+
+
 class Members:
     """The ``fleet_members`` table: its own connection to the fleet pod's database, one lock."""
 
     def __init__(self, path: Path) -> None:
-        private(path)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        self._db = connect(path, SCHEMA)
         self._lock = threading.Lock()
 
     def close(self) -> None:

@@ -161,6 +161,14 @@ class Survey:
         except DeskpodError as e:  # the asker turns a refusal or a silence into an unreachable snapshot itself
             return unreachable(name, "", str(e), time.time(), False)
 
+    def keep(self, name: str, snap: MemberSnapshot) -> None:
+        """Keep ``snap`` as this member's answer until the one it was made from ages out (a job was sent to it, and
+        ``snap`` is its answer with that job taken off, `deskpod.fleet.routing.after`): the next routing, and the
+        next submit's check, need not ask it again."""
+        with self._lock:
+            if name in self._cache:
+                self._cache[name] = snap
+
     def forget(self, name: str) -> None:
         """Ask this member again next time (its state changed: a job was sent to it)."""
         with self._lock:

@@ -11,6 +11,7 @@ the OpenAPI document describes them, `parse_spec` enforces them.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -231,12 +232,23 @@ def create_app(
         user: Caller,
         lease: Annotated[float | None, Query(ge=1, le=3600, description="a fleet's forwarded job: seconds it may "
                                              "start in unless the fleet renews it (POST /v1/leases)")] = None,
+        key: Annotated[str | None, Query(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$",
+                                         description="a fleet's forward: its idempotency key; the job may start at "
+                                         "once, and a forward with the same key gets the same job")] = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Queue a job; refused with 400 when the spec is bad, 409 when this box cannot take a valid one (it can
         never fit, its workdir or serve run is not here, it needs a cluster or environments this pod lacks)."""
         data = await json_body(request)
-        job = await run_in_threadpool(lambda: pod.submit(user, data, lease_s=lease))
+        job = await run_in_threadpool(lambda: pod.submit(user, data, lease_s=lease, key=key))
         return job.to_json()
+
+    @app.post("/v1/leases/lookup", tags=["jobs"], responses=errors(400, 403, 413), openapi_extra=KEYS_BODY)
+    async def lookup(request: Request, user: Caller) -> dict[str, Any]:
+        """A fleet (acting as itself) asks which of its forwards arrived, by their keys: ``jobs`` maps each key
+        found to its job; a key not found is closed, and a forward with it that arrives later is refused (409)."""
+        keys = forward_keys(await json_body(request))
+        found = await run_in_threadpool(pod.lookup, user, keys)
+        return {"jobs": {k: {f: v for f, v in j.to_json().items() if f != "spec"} for k, j in found.items()}}
 
     @app.post("/v1/leases", tags=["jobs"], responses=errors(400, 403, 413),
               openapi_extra=held_jobs_body("seconds", 1, 3600))  # fmt: skip
@@ -466,6 +478,47 @@ def held_jobs_body(field: str, low: float, high: float) -> dict[str, Any]:
         "type": "object", "additionalProperties": False, "required": ["jobs", field], "properties": {
             "jobs": {"type": "array", "maxItems": 100000, "items": {"type": "string", "maxLength": 20}},
             field: {"type": "number", "minimum": low, "maximum": high}}}}}}}  # fmt: skip
+
+
+KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
+"""A forward's idempotency key (``POST /v1/jobs?key=``, ``POST /v1/leases/lookup``)."""
+KEYS_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["keys"],
+                    "properties": {
+                        "keys": {
+                            "type": "array",
+                            "maxItems": 10000,
+                            "items": {"type": "string", "pattern": KEY_PATTERN.pattern},
+                        }
+                    },
+                }
+            }
+        },
+    }
+}
+"""The OpenAPI body of ``POST /v1/leases/lookup``."""
+
+
+def forward_keys(data: Any) -> list[str]:
+    """``POST /v1/leases/lookup``'s body, checked: the keys."""
+    keys = body_object(data, ("keys",), required=("keys",))["keys"]
+    if (
+        not isinstance(keys, list)
+        or len(keys) > 10000
+        or not all(isinstance(k, str) and KEY_PATTERN.match(k) for k in keys)
+    ):
+        raise ConfigError(
+            f"keys = {str(keys)[:60]}: expected a list of at most 10000 forward keys (1-100 letters, digits, "
+            "'.', '_', ':' or '-'), e.g. [\"fleet-a.12.3f9c\"]"
+        )
+    return keys
 
 
 def held_jobs(data: Any, field: str, low: float, high: float) -> tuple[list[str], float]:

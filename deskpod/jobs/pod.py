@@ -161,15 +161,20 @@ class Pod:
         self._usage: UsageSampler | None = None
 
     # API side --------------------------------------------------------------------------------
-    def submit(self, user: User, data: object, *, lease_s: float | None = None) -> JobRecord:
+    def submit(self, user: User, data: object, *, lease_s: float | None = None, key: str | None = None) -> JobRecord:
         """Validate, refuse what the executor can never run, record as queued, wake the loop. ``lease_s``: a job
-        forwarded by a fleet starts here only while the fleet renews its lease (`renew`), first for these seconds."""
+        forwarded by a fleet starts here only while the fleet renews its lease (`renew`), first for these seconds.
+        ``key``: the forward's idempotency key; such a job may start at once, and a second forward with the same key
+        gets the same job (`deskpod.jobs.store.Store.forwarded`); without one it starts only once the fleet renewed
+        its lease."""
         if user.fleet is not None and self.store.user(user.name) is None:
             raise AccessError(f"fleet {user.fleet} acting as itself submits no jobs; it forwards those of its users")
         if lease_s is not None and user.fleet is None:
             raise AccessError(
                 "lease: only a fleet's forwarded jobs are held by a lease (this request has no assertion)"
             )
+        if key is not None and (lease_s is None or user.fleet is None):
+            raise AccessError(f"key {key!r:.40}: only a fleet's forward held by a lease (?lease=S) carries a key")
         spec = parse_spec(data, device_count=self.executor.device_count)
         if spec.stack is not None:
             if self.stacks is None:
@@ -178,9 +183,31 @@ class Pod:
         self._check_priority(user, spec)
         now = self.clock()
         lease = None if lease_s is None or user.fleet is None else (user.fleet, now + lease_s)
-        job = self.store.submit(user.name, spec, self.executor.check(spec, user), now, lease)
+        devices = self.executor.check(spec, user)
+        if key is None or lease is None:
+            job = self.store.submit(user.name, spec, devices, now, lease)
+        else:
+            got = self.store.forwarded(user.name, spec, devices, now, lease, key)
+            if got is None:
+                raise ConflictError(
+                    f"key {key!r:.40}: fleet {user.fleet} looked this forward up before it arrived and may have sent "
+                    "the job elsewhere; it is not taken"
+                )
+            job, new = got
+            if job.user != user.name:
+                raise ConflictError(f"key {key!r:.40}: fleet {user.fleet} forwarded another user's job with it")
+            if not new:
+                return job
         self.wake()
         return job
+
+    def lookup(self, user: User, keys: Sequence[str]) -> dict[str, JobRecord]:
+        """A fleet that got no answer to forwards asks which of them arrived: the jobs it forwarded with these keys,
+        by key. A key not found is closed here: a forward with it that arrives later is refused, so the fleet may
+        send the job elsewhere at once (`deskpod.jobs.store.Store.lookup`)."""
+        if user.fleet is None:
+            raise AccessError(f"user {user.name!r}: only a fleet looks up the jobs it forwarded")
+        return self.store.lookup(user.fleet, keys, self.clock())
 
     def renew(self, user: User, ids: Sequence[str], seconds: float) -> list[JobRecord]:
         """A fleet renews, for ``seconds`` from now, the leases it holds on these of its forwarded jobs (those still

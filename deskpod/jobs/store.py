@@ -49,6 +49,8 @@ CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
 CREATE TABLE IF NOT EXISTS events(
     job INTEGER NOT NULL, at REAL NOT NULL, old TEXT, new TEXT NOT NULL, note TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events(job);
+CREATE TABLE IF NOT EXISTS forward_keys(
+    holder TEXT NOT NULL, key TEXT NOT NULL, job INTEGER, at REAL NOT NULL, PRIMARY KEY (holder, key));
 CREATE TABLE IF NOT EXISTS sessions(
     hash TEXT PRIMARY KEY, user TEXT NOT NULL REFERENCES users(name), csrf TEXT NOT NULL,
     created REAL NOT NULL, expires REAL NOT NULL);
@@ -109,8 +111,10 @@ class JobRecord:
     """Until when the job may start here: the fleet renews it while it holds the job; once it runs out the job is
     cancelled unstarted (`deskpod.jobs.pod.Pod.expire_leases`), and the fleet may send it elsewhere."""
     lease_confirmed: bool = False
-    """Whether its fleet renewed the lease since forwarding the job: only then may it start (a forward whose answer
-    the fleet never got is never confirmed, so it never runs beside the copy the fleet sends elsewhere)."""
+    """Whether it may start: a job forwarded with an idempotency key may at once (`Store.forwarded`: a fleet that
+    lost the answer looks the key up, `Store.lookup`); one forwarded without a key only once its fleet renewed the
+    lease (a forward whose answer the fleet never got is never confirmed, so it never runs beside the copy the fleet
+    sends elsewhere)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -371,15 +375,64 @@ class Store:
         """Record a new queued job (held by ``lease``: its fleet, and until when); committed before this returns."""
         holder, until = lease or (None, None)
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO jobs (user, name, spec, priority, devices, placement, max_runtime, retries, state,"
-                " submitted_at, lease_holder, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (user, spec.name, json.dumps(spec.to_json()), spec.priority, devices, spec.placement,
-                 spec.max_runtime, spec.retries, JobState.QUEUED.value, now, holder, until),
-            )  # fmt: skip
-            job_id = int(cur.lastrowid or 0)
-            db.execute("INSERT INTO events VALUES (?, ?, NULL, ?, ?)", (job_id, now, "queued", f"submitted by {user}"))
-            row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = self._insert(db, user, spec, devices, now, holder, until, False)
+        return self._inserted(row)
+
+    def forwarded(
+        self, user: str, spec: JobSpec, devices: int, now: float, lease: tuple[str, float], key: str
+    ) -> tuple[JobRecord, bool] | None:
+        """Record a job a fleet forwarded with the idempotency key ``key``, its lease granted (it may start at once),
+        unless that fleet forwarded one with this key already: (the job, whether it is new). None: the fleet looked
+        the key up before this forward arrived (`lookup`), found nothing and may have sent the job elsewhere, so it
+        is not taken."""
+        holder, until = lease
+        with self._tx() as db:
+            had = db.execute("SELECT job FROM forward_keys WHERE holder = ? AND key = ?", (holder, key)).fetchone()
+            if had is not None:
+                if had["job"] is None:
+                    return None
+                return _record(db.execute("SELECT * FROM jobs WHERE id = ?", (had["job"],)).fetchone()), False
+            row = self._insert(db, user, spec, devices, now, holder, until, True)
+            db.execute("INSERT INTO forward_keys VALUES (?, ?, ?, ?)", (holder, key, row["id"], now))
+        return self._inserted(row), True
+
+    def lookup(self, holder: str, keys: Iterable[str], now: float) -> dict[str, JobRecord]:
+        """The jobs ``holder`` forwarded with these keys, by key. A key no forward brought yet is closed (one
+        transaction with the look-up): a forward with it that arrives later is refused (`forwarded`), so a fleet
+        told "not here" may send the job elsewhere at once."""
+        wanted = list(dict.fromkeys(keys))
+        if not wanted:
+            return {}
+        marks = ",".join("?" * len(wanted))
+        with self._tx() as db:
+            rows = db.execute(f"SELECT key, job FROM forward_keys WHERE holder = ? AND key IN ({marks})",
+                              [holder, *wanted]).fetchall()  # fmt: skip
+            known = {r["key"]: r["job"] for r in rows}
+            db.executemany("INSERT INTO forward_keys VALUES (?, ?, NULL, ?)",
+                           [(holder, k, now) for k in wanted if k not in known])  # fmt: skip
+            found = {k: _record(db.execute("SELECT * FROM jobs WHERE id = ?", (j,)).fetchone())
+                     for k, j in known.items() if j is not None}  # fmt: skip
+        return found
+
+    @staticmethod
+    def _insert(
+        db: sqlite3.Connection, user: str, spec: JobSpec, devices: int, now: float, holder: str | None,
+        until: float | None, confirmed: bool,
+    ) -> sqlite3.Row:  # fmt: skip
+        cur = db.execute(
+            "INSERT INTO jobs (user, name, spec, priority, devices, placement, max_runtime, retries, state,"
+            " submitted_at, lease_holder, lease_until, lease_confirmed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (user, spec.name, json.dumps(spec.to_json()), spec.priority, devices, spec.placement,
+             spec.max_runtime, spec.retries, JobState.QUEUED.value, now, holder, until, int(confirmed)),
+        )  # fmt: skip
+        job_id = int(cur.lastrowid or 0)
+        db.execute("INSERT INTO events VALUES (?, ?, NULL, ?, ?)", (job_id, now, "queued", f"submitted by {user}"))
+        row: sqlite3.Row = db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return row
+
+    def _inserted(self, row: sqlite3.Row) -> JobRecord:
+        """A job just inserted, as a record; the queue view and `touched` learn of it."""
+        job_id = int(row["id"])
         with self._lock:
             self._touched[job_id] = self.version
             if self._queued is not None:

@@ -182,3 +182,28 @@ def test_a_waiter_wakes_when_one_of_its_jobs_is_written_and_reads_what_a_fleet_h
     assert store.wait_written([held], store.version, 10)
     assert time.monotonic() - t0 < 5 and store.job(held).state is JobState.STARTING  # type: ignore[union-attr]
     writer.join()
+
+
+def test_a_keyed_forward_is_made_once_may_start_at_once_and_a_key_looked_up_first_is_refused(tmp_path: Path) -> None:
+    import time
+
+    store = _store(tmp_path)
+    spec = parse_spec({"command": ["x"]})
+    now = time.time()
+    first = store.forwarded("alice", spec, 1, now, ("fleet-1", now + 60), "7.1.ab")
+    assert first is not None and first[1] and first[0].lease_confirmed  # startable at once
+    assert [q[0] for q in store.queue()] == [first[0].id]
+    again = store.forwarded("alice", spec, 1, now + 1, ("fleet-1", now + 61), "7.1.ab")
+    assert again is not None and again == (first[0], False)  # the same job, not another
+    other_fleet = store.forwarded("alice", spec, 1, now, ("fleet-2", now + 60), "7.1.ab")
+    assert other_fleet is not None and other_fleet[1] and other_fleet[0].id != first[0].id  # keys are per fleet
+    assert len(store.jobs()) == 2
+
+    found = store.lookup("fleet-1", ["7.1.ab", "7.2.cd"], now + 2)
+    assert list(found) == ["7.1.ab"] and found["7.1.ab"].id == first[0].id
+    assert store.forwarded("alice", spec, 1, now + 3, ("fleet-1", now + 63), "7.2.cd") is None  # closed by the look-up
+    assert store.lookup("fleet-1", ["7.2.cd"], now + 4) == {}  # and stays not found
+    assert store.lookup("fleet-2", ["7.2.cd"], now + 4) == {}
+    assert len(store.jobs()) == 2
+    unkeyed = store.submit("alice", spec, 1, now, lease=("fleet-1", now + 60))
+    assert not unkeyed.lease_confirmed and unkeyed.id not in [q[0] for q in store.queue()]  # waits for a renewal
