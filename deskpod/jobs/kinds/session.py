@@ -8,6 +8,7 @@ TCP port, which every local account could reach (jobs share the box's network).
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 SOCKET = "session.sock"
@@ -25,6 +26,13 @@ def base_path(folder: Path) -> str:
 
 def socket_path(folder: Path) -> Path:
     return folder / SOCKET
+
+
+def listener_uid(sock: socket.socket) -> int:
+    """The uid of the process listening on a connected Unix socket, as the kernel says (``SO_PEERCRED``): who a
+    session's socket really leads to, whatever link was put in its place."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return int.from_bytes(raw[4:8], "little", signed=True)
 
 
 def check_socket_path(folder: Path) -> None:
