@@ -122,13 +122,24 @@ def test_a_session_is_warned_then_stopped_at_its_time_and_extended_never_past_th
         c.extend(notebook, 3600)
     with pytest.raises(ConflictError, match=r"only sessions are extended"):
         c.extend(str(c.submit({"command": ["true"], "devices": 1})["id"]), 60)
+    from tests.web.browser import csrf_of, sign_in
+
+    page = sign_in(pod, tokens[ann.name])
+    try:  # the job page's button
+        csrf = csrf_of(page, f"/ui/jobs/{notebook}")
+        assert "Extend 1h" in page.get(f"/ui/jobs/{notebook}").text
+        r = page.post(f"/ui/jobs/{notebook}/extend", data={"csrf": csrf, "time": "5s"},
+                      headers={"Accept": "application/json"})  # fmt: skip
+        assert r.status_code == 200 and r.json()["max_runtime"] == 35, r.text
+    finally:
+        page.close()
     cli = pod.cli("extend", notebook, "--time", "1h", token_file=None)
     assert cli.returncode == 2 and cli.stderr.count("\n") == 1 and "beyond this pod's longest session" in cli.stderr
     ended = wait_state(c, notebook, "failed", "succeeded", timeout=60)
     events = c.job(notebook)["events"]
     warned = [e for e in events if e["note"].startswith("time: the session stops in")]
-    stopped = [e for e in events if "exceeded max_runtime 30 s" in e["note"]]
+    stopped = [e for e in events if "exceeded max_runtime 35 s" in e["note"]]
     assert warned and stopped, [e["note"] for e in events]
-    assert stopped[0]["at"] - warned[0]["at"] >= 3  # warned before the end (a fifth of 30 s: 6 s)
+    assert stopped[0]["at"] - warned[0]["at"] >= 3  # warned before the end (a fifth of 35 s: 7 s)
     assert f"extended by 10s by {ann.name}" in " ".join(notes(c.job(notebook)))
-    assert ended["started_at"] + 30 <= ended["finished_at"] < ended["started_at"] + 30 + 15
+    assert ended["started_at"] + 35 <= ended["finished_at"] < ended["started_at"] + 35 + 15
