@@ -63,11 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--job-disk", default="default", metavar="default|SIZE|none",
                    help="what one job's folder may hold, and the largest file it may write (default: a quarter of"
                    " the file system holding the pod's home)")  # fmt: skip
-    p.add_argument(
-        "--session-max-time",
-        default="12h",
-        help="the longest a session (notebook, shell, TensorBoard) may run, extensions included (default 12h)",
-    )
+    p.add_argument("--session-max-time", default="12h",
+                   help="the longest a session (notebook, shell, TensorBoard) may run, extensions included (default 12h)")  # fmt: skip
     p.add_argument("--session-time", default="4h", help="a session's time when it asks for none (default 4h)")
     p.add_argument("--idle-timeout", default="off", metavar="DURATION|off",
                    help="stop an idle notebook's kernels and give its devices back to the queue after this long, e.g."
