@@ -1,4 +1,5 @@
-"""The pod service commands: ``up``, ``down``, ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``requeue``, ``status``, ``user``.
+"""The pod service commands: ``up``, ``down``, ``submit``, ``jobs``, ``show``, ``logs``, ``cancel``, ``requeue``,
+``extend``, ``status``, ``user``.
 
 ``deskpod up`` runs the service (in the foreground, or ``--detach``); every other command is a thin
 call through `deskpod.jobs.client`. A refused request prints the service's one-line reason and
@@ -62,6 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--job-disk", default="default", metavar="default|SIZE|none",
                    help="what one job's folder may hold, and the largest file it may write (default: a quarter of"
                    " the file system holding the pod's home)")  # fmt: skip
+    p.add_argument("--session-max-time", default="12h",
+                   help="the longest a session (notebook, shell, TensorBoard) may run, extensions included (default 12h)")  # fmt: skip
+    p.add_argument("--session-time", default="4h", help="a session's time when it asks for none (default 4h)")
+    p.add_argument("--idle-timeout", default="off", metavar="DURATION|off",
+                   help="stop an idle notebook's kernels and give its devices back to the queue after this long, e.g."
+                   " 1h (default off)")  # fmt: skip
     p.set_defaults(func=up)
 
     p = sub.add_parser("down", help="stop the pod service (running jobs keep running unless --stop-jobs)")
@@ -127,6 +134,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("id")
     p.set_defaults(func=requeue)
 
+    p = sub.add_parser("extend", help="give a queued or running session more time (never past the pod's longest)")
+    p.add_argument("id")
+    p.add_argument("--time", required=True, help="how much more, e.g. 2h or 30m")
+    p.set_defaults(func=extend)
+
     p = sub.add_parser("status", help="each device: free, or which job and user holds it")
     p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
     p.add_argument("--json", action="store_true")
@@ -184,6 +196,7 @@ def fleet_client(args: argparse.Namespace) -> Any:
 
 def up(args: argparse.Namespace) -> int:
     from deskpod.environment import Environment
+    from deskpod.environment.sizes import parse_duration
     from deskpod.envs.limits import LimitSettings, parse_job_memory, parse_job_tasks
     from deskpod.jobs.pod import PodConfig
 
@@ -211,6 +224,9 @@ def up(args: argparse.Namespace) -> int:
             pin_cpus=not args.no_pin_cpus,
         ),
         job_disk=_disk(args.job_disk),
+        session_max_time=parse_duration(args.session_max_time, "--session-max-time"),
+        session_time=parse_duration(args.session_time, "--session-time"),
+        idle_timeout=None if args.idle_timeout == "off" else parse_duration(args.idle_timeout, "--idle-timeout"),
     )
     for pem in args.trust_fleet:
         from deskpod.jobs.trust import add_trusted
@@ -385,7 +401,24 @@ def jobs(args: argparse.Namespace) -> int:
         on = ",".join(map(str, j["assigned"])) or "-"
         print(f"{j['id']:>6}  {j['user']:<10.10} {j['name']:<20.20} {j['state']:<10} {j['devices']:>3} {on:<8.8}"
               f" {j['priority']:>4} {_age(j['submitted_at']):>5}  {j['reason']}")  # fmt: skip
+    print_device_hours(rows)
     return 0
+
+
+def print_device_hours(rows: list[dict[str, Any]]) -> None:
+    """The sessions among ``rows``: device-hours each held and used (its devices seen at work), and in total."""
+    from deskpod.jobs.kinds import KINDS
+
+    sessions = [j for j in rows if j["kind"] in KINDS and KINDS[j["kind"]].SESSION and j["started_at"] is not None]
+    if not sessions:
+        return
+    print(f"\n{'SESSION':>7}  {'KIND':<11} {'HELD':>9} {'USED':>9}  (device-hours; used: its devices seen at work)")
+    for j in sessions:
+        dh = j["device_hours"]
+        print(f"{j['id']:>7}  {j['kind']:<11} {dh['held']:>9.3f} {dh['used']:>9.3f}")
+    held, used = (sum(j["device_hours"][k] for j in sessions) for k in ("held", "used"))
+    share = f" ({100 * used / held:.0f}%)" if held else ""
+    print(f"{'total':>7}  {'':<11} {held:>9.3f} {used:>9.3f}{share}")
 
 
 def show(args: argparse.Namespace) -> int:
@@ -427,6 +460,20 @@ def cancel(args: argparse.Namespace) -> int:
         job = c.cancel(args.id)
     extra = f" ({job['reason']})" if job["state"] != "cancelled" and job["reason"] else ""
     print(f"job {job['id']}: {job['state']}{extra}")
+    return 0
+
+
+def extend(args: argparse.Namespace) -> int:
+    from deskpod.environment.sizes import duration_text, parse_duration
+
+    seconds = parse_duration(args.time)
+    with _client(args) as c:
+        job = c.extend(args.id, seconds)
+    started = job["started_at"]
+    end = (
+        "" if started is None else f", until {time.strftime('%H:%M:%S', time.localtime(started + job['max_runtime']))}"
+    )
+    print(f"job {job['id']}: {duration_text(job['max_runtime'])} in all{end}")
     return 0
 
 

@@ -20,7 +20,10 @@ def add_session_options(p: argparse.ArgumentParser, *, devices: bool = True) -> 
     """The options every session command has."""
     if devices:
         p.add_argument("--devices", help="GPUs (CPU worker slots on a CPU box) the session holds: a count (default 1)")
-    p.add_argument("--time", help="how long it may run, e.g. 4h or 90m (default: the pod's limit, if any)")
+    p.add_argument(
+        "--time",
+        help="how long it may run, e.g. 4h or 90m (default: the pod's --session-time; at most its --session-max-time)",
+    )
     p.add_argument("--name", help="its name in the queue (letters, digits, . _ -)")
     p.add_argument("--no-wait", action="store_true", help="queue it and print its id; do not wait for it to answer")
 

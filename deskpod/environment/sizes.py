@@ -33,6 +33,13 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def duration_text(seconds: float) -> str:
+    """A duration as `parse_duration` reads it back: ``4h``, ``1h30m``, ``90s`` (whole seconds)."""
+    s = max(0, round(seconds))
+    parts = [(s // 86400, "d"), (s % 86400 // 3600, "h"), (s % 3600 // 60, "m"), (s % 60, "s")]
+    return "".join(f"{n}{u}" for n, u in parts if n) or "0s"
+
+
 def parse_duration(text: str, what: str = "--time") -> float:
     """Seconds in ``4h``, ``90m``, ``1h30m``, ``45s`` or plain seconds; `ConfigError` naming ``what`` (the flag or
     field it came from) and the text otherwise."""

@@ -40,7 +40,7 @@ from deskpod.errors import (
 from deskpod.jobs import auth, metrics
 from deskpod.jobs.doctor import MAX_AGE_S
 from deskpod.jobs.pod import WATCH_MAX_S, Pod
-from deskpod.jobs.spec import SPEC_SCHEMA
+from deskpod.jobs.spec import MAX_RUNTIME_S, SPEC_SCHEMA
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import User
 from deskpod.serve import protocol
@@ -84,7 +84,7 @@ LOG_HEADERS: dict[str, Any] = {
 
 
 JOB_OPERATIONS = (("get", "/v1/jobs/{job_id}"), ("get", "/v1/jobs/{job_id}/log"), ("post", "/v1/jobs/{job_id}/cancel"),
-                  ("post", "/v1/jobs/{job_id}/requeue"))  # fmt: skip
+                  ("post", "/v1/jobs/{job_id}/requeue"), ("post", "/v1/jobs/{job_id}/extend"))  # fmt: skip
 USER_OPERATIONS = (("post", "/v1/users/{name}/tokens"), ("post", "/v1/users/{name}/revoke"))
 
 
@@ -303,6 +303,22 @@ def create_app(
         """Send a cancelled, failed or lost job back to the queue, or stop a running one and requeue it
         (a train job resumes from its checkpoint); 409 for a job that succeeded."""
         return pod.requeue(user, job_id).to_json()
+
+    @app.post(
+        "/v1/jobs/{job_id}/extend",
+        tags=["jobs"],
+        responses=errors(400, 403, 404, 409, 413, s409="beyond the pod's longest session, not a session, or ended"),
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "additionalProperties": False, "required": ["seconds"], "properties": {
+                "seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S}}}}}}},
+    )  # fmt: skip
+    async def extend_time(job_id: str, request: Request, user: Caller) -> dict[str, Any]:
+        """Give a queued or running session (notebook, shell, tensorboard) ``seconds`` more, never past the pod's
+        longest session (``deskpod up --session-max-time``); its owner's (or an admin's) to ask."""
+        seconds = body_object(await json_body(request), ("seconds",), required=("seconds",))["seconds"]
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= MAX_RUNTIME_S:
+            raise ConfigError(f"seconds = {seconds!r:.40}: expected seconds above 0 and at most {MAX_RUNTIME_S:.0f}")
+        return (await run_in_threadpool(pod.extend, user, job_id, float(seconds))).to_json()
 
     @app.get(
         "/v1/jobs/{job_id}/log",

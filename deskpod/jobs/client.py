@@ -170,6 +170,9 @@ class PodClient:
     def requeue(self, job_id: str) -> dict[str, Any]:
         return dict(self.request("POST", f"/v1/jobs/{_quoted(job_id)}/requeue").json())
 
+    def extend(self, job_id: str, seconds: float) -> dict[str, Any]:
+        return dict(self.request("POST", f"/v1/jobs/{_quoted(job_id)}/extend", json={"seconds": seconds}).json())
+
     def log(self, job_id: str, offset: int = 0) -> tuple[bytes, int, str]:
         """(bytes from ``offset``, the next offset, the job's state)."""
         r = self.request("GET", f"/v1/jobs/{_quoted(job_id)}/log", params={"offset": offset})

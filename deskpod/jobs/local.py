@@ -117,6 +117,7 @@ class LocalExecutor:
         now = pod.clock()
         for job in pod.store.jobs(states=ACTIVE):
             self._watch(pod, job, now)
+        self._give_back(pod, now)
         if woken or self._dirty or now - self._last_pass > 1.0:
             self._dirty = False
             self._last_pass = now
@@ -237,7 +238,7 @@ class LocalExecutor:
             self._built(pod, job, now)
             job = store.job(job.id) or job
         base: dict[str, Any] = {"exit_code": code, "finished_at": now, "stop_reason": None, "stop_deadline": None,
-                                "assigned": ""}  # fmt: skip
+                                "assigned": "", "released": "", "wanted_at": None}  # fmt: skip
         why = job.stop_reason
         # A job asked to stop ends as the request said, whatever its exit code: a server that exits 0 on
         # SIGTERM was still cancelled (or preempted), not done.
@@ -277,11 +278,29 @@ class LocalExecutor:
         except OSError:
             pass
 
+    def _give_back(self, pod: PodSide, now: float) -> None:
+        """A released session that asked for its devices again gets them once none is held: the same devices, which
+        its sandbox was made for (`deskpod.jobs.culler`)."""
+        active = pod.store.jobs(states=ACTIVE)
+        held = {d for j in active for d in j.assigned}
+        for j in active:
+            if not j.released or j.wanted_at is None or held & set(j.released):
+                continue
+            off = j.released_s + (now - j.released_at if j.released_at is not None else 0.0)
+            if pod.store.update(j.id, expect=[S.RUNNING], assigned=",".join(map(str, j.released)), released="",
+                                released_at=None, released_s=off, wanted_at=None, reason=""):  # fmt: skip
+                held |= set(j.released)
+                pod.store.note(j.id, f"devices {','.join(map(str, j.released))} given back after "
+                                     f"{now - j.wanted_at:.1f} s waiting")  # fmt: skip
+                self._dirty = True
+
     def _running(self, pod: PodSide, now: float) -> list[Running]:
-        """The active jobs as the scheduler sees them (a stopping job frees its devices by its deadline)."""
+        """The active jobs as the scheduler sees them (a stopping job frees its devices by its deadline; a released
+        session that wants its devices back holds them for the scheduler, so no queued job takes them)."""
         return [
             Running(
-                j.id, j.priority, j.assigned, j.started_at or now, j.max_runtime,
+                j.id, j.priority, j.assigned or (j.released if j.wanted_at is not None else ()), j.started_at or now,
+                j.max_runtime,
                 (j.stop_deadline or now + self.config.grace_s) if j.stop_reason else None,
             )
             for j in pod.store.jobs(states=ACTIVE)
@@ -315,6 +334,7 @@ class LocalExecutor:
         if not store.transition(
             job.id, S.STARTING, f"devices {shown or 'none'}: {why}", expect=[S.QUEUED],
             attempt=attempt, assigned=shown, port=port, reason="", exit_code=None, stop_reason=None, stop_deadline=None,
+            released="", released_at=None, released_s=0.0, wanted_at=None, busy_s=0.0,
         ):  # fmt: skip
             return  # cancelled meanwhile
         files = self._files(pod, job)

@@ -9,6 +9,7 @@ Before the loop, the executor takes up what a previous daemon left active (`Exec
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import re
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from deskpod import __version__
+from deskpod.environment.sizes import duration_text
 from deskpod.envs.limits import LimitSettings
 from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import AccessError, ConfigError, ConflictError, NotFoundError
@@ -30,12 +32,14 @@ from deskpod.hardware.placement import Placement, Unplaceable
 from deskpod.hardware.topology import Topology
 from deskpod.hardware.usage import UsageSampler
 from deskpod.jobs.confinement import Confinement
+from deskpod.jobs.culler import Culler, open_gpu_work
 from deskpod.jobs.doctor import Doctor
 from deskpod.jobs.executor import Executor
 from deskpod.jobs.forecast import Forecast
 from deskpod.jobs.isolation import Isolation
+from deskpod.jobs.kinds import KINDS
 from deskpod.jobs.scheduler import Waiting
-from deskpod.jobs.spec import JobSpec, parse_spec
+from deskpod.jobs.spec import MAX_RUNTIME_S, JobSpec, parse_spec
 from deskpod.jobs.states import FINAL, REQUEUABLE, JobState
 from deskpod.jobs.store import JobRecord, Store, User, job_number
 from deskpod.jobs.trust import Trust
@@ -86,6 +90,14 @@ class PodConfig:
     job_disk: int | Literal["default"] | None = "default"
     """Bytes one job's folder may hold, and the largest file it may write (`deskpod.jobs.confinement`);
     ``default``: a quarter of the file system holding the home; None: no limit."""
+    session_max_time: float = 12 * 3600.0
+    """The longest a session (notebook, shell, TensorBoard) may run, extensions included, in seconds
+    (``deskpod up --session-max-time``): a session asking for more is refused, and none is extended past it."""
+    session_time: float = 4 * 3600.0
+    """A session's time when it asks for none (``deskpod up --session-time``; at most `session_max_time`)."""
+    idle_timeout: float | None = None
+    """Seconds a notebook's devices and kernels may sit idle before its kernels are stopped and its devices go
+    back to the queue (``deskpod up --idle-timeout``; `deskpod.jobs.culler`); None: never."""
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", self.name):
@@ -98,6 +110,14 @@ class PodConfig:
             raise ConfigError(f"--priority-limit {self.priority_limit}: expected -1000 to 1000")
         if not (self.job_disk in ("default", None) or (isinstance(self.job_disk, int) and self.job_disk > 0)):
             raise ConfigError(f"--job-disk {self.job_disk!r}: expected 'default', 'none' or a size like 200G")
+        if not 0 < self.session_max_time <= MAX_RUNTIME_S:
+            raise ConfigError(f"--session-max-time {self.session_max_time:g}: expected seconds above 0 and at most "
+                              f"{MAX_RUNTIME_S:.0f}, e.g. 12h")  # fmt: skip
+        if not 0 < self.session_time <= self.session_max_time:
+            raise ConfigError(f"--session-time {duration_text(self.session_time)}: expected a time above 0 and at "
+                              f"most --session-max-time ({duration_text(self.session_max_time)}), e.g. 4h")  # fmt: skip
+        if self.idle_timeout is not None and not 0 < self.idle_timeout <= MAX_RUNTIME_S:
+            raise ConfigError(f"--idle-timeout {self.idle_timeout:g}: expected seconds above 0, e.g. 1h, or 'off'")
 
     def to_json(self) -> dict[str, Any]:
         """Every setting, as ``GET /v1/status`` shows them (``settings``): what each ``deskpod up`` flag made of this
@@ -158,6 +178,8 @@ class Pod:
         self.stopping = threading.Event()
         """Set when the service begins to shut down: long-lived answers (live page streams) end then."""
         self._thread: threading.Thread | None = None
+        self._culler: Culler | None = None
+        self._culler_thread: threading.Thread | None = None
         self._usage: UsageSampler | None = None
 
     # API side --------------------------------------------------------------------------------
@@ -181,6 +203,7 @@ class Pod:
                 raise ConfigError(f"job spec: stack = {spec.stack!r}: {STACKS_ARE_A_FLEETS}")
             spec = self.stacks.resolve(spec)
         self._check_priority(user, spec)
+        spec = self.session_time(spec)
         now = self.clock()
         lease = None if lease_s is None or user.fleet is None else (user.fleet, now + lease_s)
         devices = self.executor.check(spec, user)
@@ -250,6 +273,65 @@ class Pod:
                    f"{time.strftime('%H:%M:%S', time.localtime(job.lease_until))}: the fleet may run it elsewhere")  # fmt: skip
             if self.store.transition(job.id, S.CANCELLED, why, expect=[S.QUEUED], finished_at=now, reason=why):
                 self.executor.cancel(self, job)
+
+    def session_time(self, spec: JobSpec) -> JobSpec:
+        """A session's spec with its time: the pod's default when it gives none; refused (`ConflictError`) beyond
+        the pod's longest. Any other spec as it is."""
+        if not KINDS[spec.kind].SESSION:
+            return spec
+        longest = self.config.session_max_time
+        if spec.max_runtime is None:
+            return dataclasses.replace(spec, max_runtime=self.config.session_time)
+        if spec.max_runtime > longest:
+            raise ConflictError(
+                f"job spec: max_runtime = {duration_text(spec.max_runtime)} is beyond this pod's longest session, "
+                f"{duration_text(longest)} (deskpod up --session-max-time); ask for at most {duration_text(longest)}"
+            )
+        return spec
+
+    def extend(self, user: User, job_id: str, seconds: float) -> JobRecord:
+        """Give the owner's queued or running session ``seconds`` more, never past the pod's longest session
+        (`ConflictError` naming both); the time warning comes again before the new end."""
+        job = self.visible_job(user, job_id)
+        if job.user != user.name and not user.admin:
+            raise NotFoundError(f"no job {job_id!r:.40} (job ids are numbers; `deskpod jobs` lists yours)")
+        if not KINDS[job.spec.kind].SESSION:
+            raise ConflictError(f"job {job.id} is a {job.spec.kind} job: only sessions are extended (notebook, "
+                                "shell, tensorboard); a batch job's max_runtime is fixed when it is submitted")  # fmt: skip
+        if not (seconds > 0 and seconds <= MAX_RUNTIME_S):
+            raise ConfigError(f"--time {seconds:g}: expected seconds above 0, e.g. 2h")
+        if not (job.state is S.QUEUED or job.state.active) or job.stop_reason is not None:
+            raise ConflictError(f"session {job.id} is {'stopping' if job.stop_reason else job.state.value}: only a "
+                                "queued or running session is extended")  # fmt: skip
+        longest = self.config.session_max_time
+        current = job.max_runtime if job.max_runtime is not None else self.config.session_time
+        new = current + seconds
+        if new > longest:
+            room = max(0.0, longest - current)
+            raise ConflictError(
+                f"extend session {job.id} by {duration_text(seconds)}: it would run {duration_text(new)} in all, beyond "
+                f"this pod's longest session, {duration_text(longest)} (deskpod up --session-max-time); "
+                + (f"at most {duration_text(room)} more" if room >= 1 else "it has all the time it may have")
+            )
+        if not self.store.update(job.id, expect=[S.QUEUED, *ACTIVE], max_runtime=new):
+            raise ConflictError(f"session {job.id} ended meanwhile; nothing was extended")
+        end = (
+            ""
+            if job.started_at is None
+            else f"; it now ends at {time.strftime('%H:%M:%S', time.localtime(job.started_at + new))}"
+        )
+        self.store.note(job.id, f"extended by {duration_text(seconds)} by {user.name}, to {duration_text(new)}{end}")
+        self.wake()
+        return self.store.job(job.id) or job
+
+    def want_devices(self, job: JobRecord) -> JobRecord:
+        """A released session asks for its devices again (a kernel is starting): the executor gives it the same
+        devices once they are free, before any queued job (`deskpod.jobs.culler`). Returns the job as it is now."""
+        if job.released and job.wanted_at is None:
+            if self.store.update(job.id, expect=[S.RUNNING], wanted_at=self.clock()):
+                self.store.note(job.id, f"asks for devices {','.join(map(str, job.released))} again (a kernel starts)")
+            self.wake()
+        return self.store.job(job.id) or job
 
     def _check_priority(self, user: User, spec: JobSpec) -> None:
         limit = self.config.priority_limit
@@ -326,6 +408,11 @@ class Pod:
         self.executor.recover(self)
         self._thread = threading.Thread(target=self._run, name="deskpod-pod", daemon=True)
         self._thread.start()
+        if self.executor.name == "local":  # sessions on this box: their time warnings and idle release
+            self._culler = Culler(self, idle_timeout=self.config.idle_timeout, device_kind=self.device_kind,
+                                  clock=self.clock, gpus=open_gpu_work() if self.device_kind == "cuda" else None)  # fmt: skip
+            self._culler_thread = threading.Thread(target=self._culler.run, name="deskpod-culler", daemon=True)
+            self._culler_thread.start()
 
     def close(self, *, stop_jobs: bool = False) -> None:
         """Stop the loop. Jobs keep running (the next daemon adopts them) unless ``stop_jobs``."""
@@ -334,6 +421,9 @@ class Pod:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        if self._culler is not None and self._culler_thread is not None:
+            self._culler.stop()
+            self._culler_thread.join()
         self.executor.close(self, stop_jobs=stop_jobs)
 
     def _run(self) -> None:

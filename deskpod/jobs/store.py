@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS jobs(
     assigned TEXT NOT NULL DEFAULT '', port INTEGER, pid INTEGER, pid_start INTEGER,
     exit_code INTEGER, stop_reason TEXT, stop_deadline REAL,
     submitted_at REAL NOT NULL, started_at REAL, finished_at REAL, external TEXT, lease_holder TEXT, lease_until REAL,
-    lease_confirmed INTEGER NOT NULL DEFAULT 0);
+    lease_confirmed INTEGER NOT NULL DEFAULT 0, released TEXT NOT NULL DEFAULT '', released_at REAL,
+    released_s REAL NOT NULL DEFAULT 0, wanted_at REAL, busy_s REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_user ON jobs(user);
 CREATE TABLE IF NOT EXISTS events(
@@ -58,7 +59,8 @@ CREATE TABLE IF NOT EXISTS sessions(
 
 MUTABLE = frozenset(
     {"reason", "attempt", "failures", "assigned", "port", "pid", "pid_start", "exit_code", "stop_reason",
-     "stop_deadline", "started_at", "finished_at", "external"}
+     "stop_deadline", "started_at", "finished_at", "external", "max_runtime", "released", "released_at", "released_s",
+     "wanted_at", "busy_s"}
 )  # fmt: skip
 
 
@@ -115,6 +117,26 @@ class JobRecord:
     lost the answer looks the key up, `Store.lookup`); one forwarded without a key only once its fleet renewed the
     lease (a forward whose answer the fleet never got is never confirmed, so it never runs beside the copy the fleet
     sends elsewhere)."""
+    released: tuple[int, ...] = ()
+    """A running session's devices while it gave them back, idle (`deskpod.jobs.culler`): ``assigned`` is empty
+    then, and these are the only devices it may take again (its sandbox was made for them)."""
+    released_at: float | None = None
+    """When it gave them back (None while it holds its devices)."""
+    released_s: float = 0.0
+    """Seconds of this attempt it spent released, before ``released_at``."""
+    wanted_at: float | None = None
+    """When a released session asked for its devices again (a kernel starting); None: it does not want them."""
+    busy_s: float = 0.0
+    """Device-seconds its devices were seen at work (sampled by `deskpod.jobs.culler`; sessions only)."""
+
+    def held_s(self, now: float) -> float:
+        """Device-seconds this attempt held its devices: from its start to its end (or now), less its released
+        time."""
+        if self.started_at is None or self.state in (JobState.QUEUED, JobState.STARTING):
+            return 0.0
+        end = self.finished_at if self.finished_at is not None else now
+        off = self.released_s + (max(0.0, end - self.released_at) if self.released_at is not None else 0.0)
+        return max(0.0, end - self.started_at - off) * self.devices
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +165,10 @@ class JobRecord:
             if self.lease_holder is None
             else {"fleet": self.lease_holder, "until": self.lease_until, "confirmed": self.lease_confirmed},
             "spec": self.spec.to_json(),
+            "max_runtime": self.max_runtime,
+            "released": list(self.released),
+            "wanted_at": self.wanted_at,
+            "device_hours": {"held": round(self.held_s(time.time()) / 3600, 4), "used": round(self.busy_s / 3600, 4)},
         }
 
 
@@ -151,6 +177,7 @@ def _record(row: sqlite3.Row) -> JobRecord:
     values = {name: row[name] for name in JobRecord.__dataclass_fields__}
     values.update(spec=stored_spec(json.loads(row["spec"])), state=JobState(row["state"]),
                   assigned=tuple(int(x) for x in row["assigned"].split(",") if x),
+                  released=tuple(int(x) for x in row["released"].split(",") if x),
                   lease_confirmed=bool(row["lease_confirmed"]))  # fmt: skip
     return JobRecord(**values)
 
@@ -220,6 +247,10 @@ class Store:
             self._db.execute("ALTER TABLE jobs ADD COLUMN lease_holder TEXT")
             self._db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
             self._db.execute("ALTER TABLE jobs ADD COLUMN lease_confirmed INTEGER NOT NULL DEFAULT 0")
+        if "released" not in columns:  # before sessions gave their devices back when idle
+            for column in ("released TEXT NOT NULL DEFAULT ''", "released_at REAL", "released_s REAL NOT NULL DEFAULT 0",
+                           "wanted_at REAL", "busy_s REAL NOT NULL DEFAULT 0"):  # fmt: skip
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
         if "os_user" not in {r[1] for r in self._db.execute("PRAGMA table_info(users)")}:  # before OS accounts
             self._db.execute("ALTER TABLE users ADD COLUMN os_user TEXT")
         self.version = 0

@@ -10,6 +10,7 @@ job its progress and a sparkline of its loss.
 
     POST /ui/jobs/<id>/cancel     cancel one job (asks first without JavaScript)
     POST /ui/jobs/<id>/requeue    requeue one job
+    POST /ui/jobs/<id>/extend     a session's time, ``time`` more (the job page's "Extend 1h")
     POST /ui/jobs/bulk            action=cancel|requeue on every ``job=<id>`` ticked in the list: each is done
                                   as the single action would be, for the jobs the viewer may touch; a script
                                   gets ``{"done": [jobs], "errors": {id: message}}``
@@ -28,6 +29,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from deskpod.environment.sizes import parse_duration
 from deskpod.envs.userfiles import read_path, stat_path
 from deskpod.errors import ConfigError, DeskpodError
 from deskpod.jobs.api import parse_state, visible_owner
@@ -230,6 +232,14 @@ def register(app: FastAPI, web: Web) -> None:
             extra = {"next": safe_next(fields["next"]) if fields.get("next") else ""}
             return render.page(request, "confirm.html", data, who, title=f"Cancel job {job.id}?", extra=extra)
         done = web.pod.cancel(who.user, job_id)
+        return _after(request, done, fields.get("next"))
+
+    @app.post("/jobs/{job_id}/extend")
+    async def extend(request: Request, job_id: str, who: Signed) -> Response:
+        """A session's time, one more ``time`` (a duration; the job page's button sends 1h)."""
+        fields = await form_csrf(request, who)
+        seconds = parse_duration(fields.get("time", "1h"), "time")
+        done = await run_in_threadpool(web.pod.extend, who.user, job_id, seconds)
         return _after(request, done, fields.get("next"))
 
     @app.post("/jobs/{job_id}/requeue")

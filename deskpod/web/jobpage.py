@@ -27,6 +27,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from deskpod.envs.userfiles import stat_path
 from deskpod.errors import ConfigError
+from deskpod.jobs.kinds import KINDS as KIND_MODULES
+from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord
 from deskpod.train.runs import RunPaths
 from deskpod.web import logs, render, stacks, stream
@@ -81,6 +83,8 @@ class JobPage:
     """`logs.search`'s results on the search page."""
     stacks: dict[str, Any] | None = None
     """`stacks.stacks`' answer after "where is it now?"."""
+    extendable: bool = False
+    """A queued or running session, which its owner may give more time ("Extend 1h")."""
 
 
 def job_view(web: Web, job: JobRecord, max_points: int = stream.MAX_POINTS) -> JobPage:
@@ -108,6 +112,9 @@ def job_view(web: Web, job: JobRecord, max_points: int = stream.MAX_POINTS) -> J
         charts=charts,
         cursor=cursor.encode(),
         events_url=f"{ROOT}/jobs/{job.id}/events",
+        extendable=KIND_MODULES[job.spec.kind].SESSION
+        and (job.state is JobState.QUEUED or job.state.active)
+        and not job.stop_reason,
         log=LogTail("output.log", text, offset, cut),
         log_files=[f.label for f in logs.log_files(folder, run)],
         checkpoints=ckpts,

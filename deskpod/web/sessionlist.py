@@ -48,6 +48,11 @@ class SessionRow:
     url: str | None
     """Where it opens, once it runs."""
     ends_at: float | None
+    held: float = 0.0
+    """Device-hours it held (this attempt), and ``used``: those its devices were seen at work."""
+    used: float = 0.0
+    released: list[int] = field(default_factory=list)
+    """The devices it gave back while idle (a notebook); empty while it holds them."""
 
 
 @dataclass
@@ -61,9 +66,11 @@ class SessionsPage:
 def row(job: JobRecord) -> SessionRow:
     kind = job.spec.kind
     running = job.state is JobState.RUNNING
-    ends = job.started_at + job.spec.max_runtime if job.started_at and job.spec.max_runtime else None
+    ends = job.started_at + job.max_runtime if job.started_at and job.max_runtime else None
+    hours = job.to_json()["device_hours"]
     return SessionRow(job.id, kind, job.name, job.state.value, list(job.assigned), job.reason or "",
-                      LANDING.get(kind, f"{PREFIX}/{{id}}/").format(id=job.id) if running else None, ends)  # fmt: skip
+                      LANDING.get(kind, f"{PREFIX}/{{id}}/").format(id=job.id) if running else None, ends,
+                      hours["held"], hours["used"], list(job.released))  # fmt: skip
 
 
 def page_data(web: Web, who: Viewer, errors: dict[str, str] | None = None,

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import re
 import socket
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from deskpod.errors import DeskpodError, NotFoundError, UnavailableError
 from deskpod.jobs.api import PEER, status_of
 from deskpod.jobs.kinds import KINDS
-from deskpod.jobs.kinds.session import PREFIX, SECRET_HEADER, Endpoint, read_endpoint, socket_path
+from deskpod.jobs.kinds.session import PREFIX, SECRET_HEADER, Endpoint, listener_uid, read_endpoint, socket_path
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord, User
 from deskpod.web import render
@@ -101,9 +102,7 @@ def account_uid(web: Web, user: User) -> int:
 
 def check_listener(sock: socket.socket, uid: int, where: Path) -> None:
     """Refuse a socket whose listening process is not the session's account (a planted link, a stale socket)."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    peer_uid = int.from_bytes(raw[4:8], "little", signed=True)
-    if peer_uid != uid:
+    if listener_uid(sock) != uid:
         raise SessionNotReady(f"the session's socket {where} is not served by its own account; it answers when the "
                               "session's server listens there again")  # fmt: skip
 
@@ -210,6 +209,34 @@ def forwarded_headers(
     return out
 
 
+KERNEL_STARTS = (("POST", re.compile(r"api/kernels/?")), ("POST", re.compile(r"api/sessions/?")),
+                 ("PATCH", re.compile(r"api/sessions/[^/]+")))  # fmt: skip
+"""The requests with which JupyterLab starts (or swaps) a kernel: a released session asks for its devices first."""
+
+
+async def devices_back(web: Web, job: JobRecord, method: str, path: str) -> JobRecord:
+    """Before a kernel starts in a session that gave its devices back when idle (`deskpod.jobs.culler`): ask for
+    the same devices and wait for them up to `CONNECT_S`; `SessionNotReady` saying who holds them after that."""
+    if not job.released or not any(m == method and r.fullmatch(path) for m, r in KERNEL_STARTS):
+        return job
+    pod = web.pod
+    deadline = asyncio.get_running_loop().time() + CONNECT_S
+    while True:
+        job = pod.want_devices(job)
+        if not job.released or job.state is not JobState.RUNNING:
+            return job
+        if asyncio.get_running_loop().time() >= deadline:
+            break
+        await asyncio.sleep(0.1)
+    mine = set(job.released)
+    holders = [f"job {j.id} ({j.user})" for j in pod.store.jobs(states=[JobState.STARTING, JobState.BUILDING,
+                                                                       JobState.RUNNING]) if mine & set(j.assigned)]  # fmt: skip
+    raise SessionNotReady(
+        f"session {job.id} gave devices {','.join(map(str, job.released))} back when idle; "
+        f"{', '.join(holders) or 'another job'} holds them now: the kernel starts when they are free (try again)"
+    )
+
+
 def waiting(request: Request, web: Web, job_id: str, why: str) -> Response:
     """503 for a session that is not there yet: a page that reloads itself for a browser, JSON for a script."""
     if request.method != "GET" or render.wants_json(request) or "text/html" not in request.headers.get("accept", ""):
@@ -250,6 +277,7 @@ def register(app: FastAPI, web: Web) -> None:
             job = session_job(web, user, job_id)
             folder = web.pod.job_folder(job)
             upstream = await upstreams.upstream(job, folder, account_uid(web, user), on_nodes=on_nodes(web))
+            job = await devices_back(web, job, request.method, path)
         except SessionNotReady as e:
             return waiting(request, web, job_id, str(e))
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")

@@ -44,6 +44,8 @@ from deskpod.jobs.kinds.session import (
 
 ENVIRONMENT = True
 SESSION = True
+KERNELS = True
+"""Its work runs in Jupyter kernels, which the pod may stop when idle to give the devices back (`deskpod.jobs.culler`)."""
 FIELDS: tuple[str, ...] = ()
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,13 @@ def base_path(folder: Path) -> str:
 
 def socket_path(folder: Path) -> Path:
     return folder / SOCKET
+
+
+def listener_uid(sock: socket.socket) -> int:
+    """The uid of the process listening on a connected Unix socket, as the kernel says (``SO_PEERCRED``): who a
+    session's socket really leads to, whatever link was put in its place."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return int.from_bytes(raw[4:8], "little", signed=True)
 
 
 def check_socket_path(folder: Path) -> None:
