@@ -129,7 +129,7 @@ EXTRAS = {
     "lung": ("SimpleITK", "pydicom", "monai", "radiomics", "scipy"),
     "video": ("av", "cv2", "dlib", "_dlib_pybind11", "face_recognition_models", "faiss", "trackers", "supervision"),
     "fleet": ("jwt", "cryptography"),
-    "sessions": ("jupyterlab", "jupyter_server", "ipykernel", "terminado", "websockets"),
+    "sessions": ("jupyterlab", "jupyter_server", "ipykernel", "jupyter_collaboration", "terminado", "websockets"),
 }
 """Each extra of pyproject.toml (but ``all`` and ``dev``): the modules its libraries install (dlib-bin's wheel
 declares only its compiled ``_dlib_pybind11`` as its top level, so that names it; ``dlib`` is what the code imports)."""

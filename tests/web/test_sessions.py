@@ -13,7 +13,6 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -123,8 +122,10 @@ def test_a_kernel_runs_as_the_owner_on_its_devices_over_the_websocket(
 
 
 def test_chromium_opens_the_notebook_and_runs_a_cell(
-    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account]
+    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account], box: Path
 ) -> None:
+    """ann's browser runs a cell in a new notebook through the pod; the notebook is in her folder, cell and output
+    included, without her saving it: the server holds the document (jupyter-collaboration) and writes it itself."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium for these tests")
     from playwright.sync_api import sync_playwright
@@ -143,8 +144,13 @@ def test_chromium_opens_the_notebook_and_runs_a_cell(
             output = page.locator(".jp-OutputArea-output", has_text="SEEN").first
             output.wait_for(timeout=120_000)
             assert f"SEEN {ann.name}" in output.inner_text()
-            saved: Any = page.evaluate("document.title")
-            assert "Untitled" in str(saved) or "JupyterLab" in str(saved)
+
+            def written() -> bool:
+                found = [json.loads(f.read_text()) for f in (box / "ann-notebooks").glob("*.ipynb")]
+                return any("SEEN" in json.dumps(c.get("outputs", [])) and "getpass" in "".join(c.get("source", []))
+                           for nb in found for c in nb.get("cells", []))  # fmt: skip
+
+            wait_for(written, 60, "the notebook, its cell and output, in ann's folder unsaved by her")
         finally:
             browser.close()
 
