@@ -337,18 +337,25 @@ def _spec_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not eq:
             raise ConfigError(f"--env {item!r}: expected NAME=VALUE")
         spec.setdefault("env", {})[name] = value
-    if args.requirements or args.package or args.python:
+    environment_from_flags(spec, args.requirements, args.package, args.python)
+    return spec
+
+
+def environment_from_flags(spec: dict[str, Any], requirements: Path | None, packages: list[str],
+                           python: str | None) -> None:  # fmt: skip
+    """The spec's ``[environment]`` from ``--requirements`` (a file), ``--package`` and ``--python``, over the one
+    a spec file has, when any is given; files are read from this folder."""
+    if requirements or packages or python:
         from deskpod.envs.definition import parse_environment
 
         table: dict[str, Any] = dict(spec.get("environment") or {})
-        if args.requirements:
-            table["requirements"] = str(args.requirements.resolve())
-        if args.package:
-            table["packages"] = list(args.package)
-        if args.python:
-            table["python"] = args.python
+        if requirements:
+            table["requirements"] = str(requirements.resolve())
+        if packages:
+            table["packages"] = list(packages)
+        if python:
+            table["python"] = python
         spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
-    return spec
 
 
 def _size(text: str | None) -> int | None:

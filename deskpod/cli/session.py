@@ -47,17 +47,9 @@ def add_environment_options(p: argparse.ArgumentParser, requirements_note: str =
 
 def add_environment(spec: dict[str, Any], args: argparse.Namespace) -> None:
     """The spec's ``[environment]`` from `add_environment_options`' flags, when any is given."""
-    if args.env or args.package or args.python:
-        from deskpod.envs.definition import parse_environment
+    from deskpod.cli.pod import environment_from_flags
 
-        table: dict[str, Any] = {}
-        if args.env:
-            table["requirements"] = str(args.env.resolve())
-        if args.package:
-            table["packages"] = list(args.package)
-        if args.python:
-            table["python"] = args.python
-        spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
+    environment_from_flags(spec, args.env, args.package, args.python)
 
 
 def session_spec(args: argparse.Namespace, kind: str, table: dict[str, Any]) -> dict[str, Any]:

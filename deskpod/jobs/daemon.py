@@ -281,7 +281,12 @@ def serve(
     # Live streams watch pod.stopping and end within a second; the timeout is the backstop.
     server = Server(
         uvicorn.Config(
-            app, http=_protocol(), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+            app,
+            http=_protocol(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
             ws_per_message_deflate=False,  # a session's messages are relayed as they come (its server compresses none)
         )
     )
