@@ -6,9 +6,9 @@ One thread of the pod (`Culler.run`) looks at every running session once a `PERI
 - **Time.** A session with ``max_runtime`` is warned `warn_before` its end (5 minutes, or a fifth of a short
   session's time): a job event saying when it stops and how to extend it. A notebook's open notebooks (those with a
   kernel, jupyter-server's ``GET /api/sessions``) get a checkpoint of what is saved on disk (``POST
-  /api/contents/<path>/checkpoints``); what the browser has not saved yet is the browser's (JupyterLab autosaves
-  every 2 minutes while a tab is open), and no server-side call can reach it. At the end the local executor stops
-  it (``max_runtime``, `deskpod.jobs.local`).
+  /api/contents/<path>/checkpoints``); the notebooks themselves are written by their server as they change
+  (jupyter-collaboration: `deskpod.jobs.kinds.notebook`). At the end the local executor stops it (``max_runtime``,
+  `deskpod.jobs.local`).
 - **Work.** On GPUs, NVML's per-process utilization (``nvmlDeviceGetProcessUtilization``) of the session's
   processes on its GPUs; on CPU slots, the CPU time of the session's processes (psutil over its process tree). The
   device-seconds it was seen busy add up in ``busy_s``; ``JobRecord.held_s`` gives what it held.

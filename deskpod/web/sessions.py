@@ -32,6 +32,7 @@ from typing import Any, cast
 import httpcore
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from deskpod.errors import DeskpodError, NotFoundError, UnavailableError
@@ -222,7 +223,7 @@ async def devices_back(web: Web, job: JobRecord, method: str, path: str) -> JobR
     pod = web.pod
     deadline = asyncio.get_running_loop().time() + CONNECT_S
     while True:
-        job = pod.want_devices(job)
+        job = await run_in_threadpool(pod.want_devices, job)  # the store's lock may be the scheduler's now
         if not job.released or job.state is not JobState.RUNNING:
             return job
         if asyncio.get_running_loop().time() >= deadline:

@@ -6,7 +6,8 @@ The job's process is this module (``python -m deskpod.jobs.kinds.notebook FOLDER
 sandbox: it writes the job's kernel spec and runs JupyterLab (jupyter-server) on the job folder's Unix socket
 (`deskpod.jobs.kinds.session`), under the base path ``/sessions/<id>/``, without a token of its own: the pod signs
 people in and forwards only the owner's requests. JupyterLab keeps its cross-site request check (its ``_xsrf``
-cookie). Its files are the job's ``workdir`` if it has one, else the account's home, so notebooks outlast the job.
+cookie), and runs with jupyter-collaboration (the sessions extra): the server holds each open notebook and writes it
+to its file as it changes, so a session that stops loses nothing the browser had not saved. Its files are the job's ``workdir`` if it has one, else the account's home, so notebooks outlast the job.
 
 The kernel is the job's Python: with an ``[environment]`` the environment's ``python`` (it needs ``ipykernel`` among
 its packages), else the pod's own, with the ``sessions`` extra. Kernels talk to the server over Unix sockets in a
