@@ -3,7 +3,7 @@ as the admin and as an ordinary user, on a pod started by root with its default 
 
 It runs as its command line does (``st run --checks all``): its examples, then the coverage phase (each field
 at its boundaries, null, empty, every method a path does not take), then fuzzing, then stateful sequences
-along the document's links (a new job to its log, cancel and requeue; a new user to its tokens and revoke).
+along the document's links (a new job to its log, cancel, requeue and extend; a new user to its tokens and revoke).
 The checks: no 5xx, every status code, content type, header and body as documented, ``Allow`` on a 405 naming
 the path's methods, schema-valid requests accepted (2xx, or a state-dependent 401/403/404/409), schema-invalid
 ones refused, a missing or made-up token refused, nothing used after it was deleted. Generated specs can be
@@ -140,7 +140,7 @@ def test_the_document_lists_what_the_fuzzer_found(document: dict[str, Any]) -> N
     env = job_schema(document)["properties"]["environment"]["properties"]
     assert all(env[k]["properties"]["file"]["minLength"] == 1 for k in ("requirements", "lock", "pyproject"))
     follow = paths["/v1/jobs"]["post"]["responses"]["201"]["links"]  # what the stateful phase follows
-    assert {link["parameters"]["job_id"] for link in follow.values()} == {"$response.body#/id"} and len(follow) == 4
+    assert {link["parameters"]["job_id"] for link in follow.values()} == {"$response.body#/id"} and len(follow) == 5
 
 
 def test_duplicate_user_is_a_conflict_and_empty_state_is_refused_as_documented(full_pod: tuple[Pod, str]) -> None:

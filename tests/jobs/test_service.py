@@ -340,7 +340,8 @@ def test_detach_starts_the_daemon_with_every_flag_given(tmp_path: Path) -> None:
             "--no-preemption", "--machine", "dgx1-v100", "--no-dashboard", "--backend", "local", "--socket", str(sock),
             "--priority-limit", "5", "--unmapped-user", "daemon", "--no-sandbox", "--allow-unsandboxed",
             "--env-cache", str(cache), "--env-cache-limit", "5G", "--job-memory", "2G", "--job-tasks", "77",
-            "--no-pin-cpus", "--job-disk", "1G"]  # fmt: skip
+            "--no-pin-cpus", "--job-disk", "1G", "--session-max-time", "6h", "--session-time", "90m",
+            "--idle-timeout", "20m"]  # fmt: skip
     assert up_flags() == {a for a in args if a.startswith("--")}  # a new flag is added here, with its effect below
     env = dict(os.environ, DESKPOD_TOKEN_FILE=str(home / "token"))
     done = subprocess.run(
@@ -365,7 +366,7 @@ def test_detach_starts_the_daemon_with_every_flag_given(tmp_path: Path) -> None:
             "tick_s": 0.1, "machine": "dgx1-v100", "priority_limit": 5, "socket": str(sock.resolve()),
             "sandbox": False, "allow_unsandboxed": True, "unmapped_user": "daemon", "env_cache": str(cache.resolve()),
             "env_cache_limit": 5 << 30, "limits": {"job_memory": 2 << 30, "job_tasks": 77, "pin_cpus": False},
-            "job_disk": 1 << 30,
+            "job_disk": 1 << 30, "session_max_time": 6 * 3600.0, "session_time": 90 * 60.0, "idle_timeout": 1200.0,
         }  # fmt: skip
         assert stat.S_ISSOCK(sock.stat().st_mode)
         assert status["name"] == "box-x" and (home / "trusted-fleets" / f"{fleet.id}.pem").exists()

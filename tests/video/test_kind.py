@@ -60,7 +60,9 @@ def test_bad_tables_are_one_line(table: dict[str, object], message: str) -> None
 def test_one_kind_per_spec_and_no_environment() -> None:
     with pytest.raises(ConfigError, match=r"give exactly one of .* video .*; got command and video"):
         parse_spec({"command": ["true"], "video": {"sources": ["/a"]}})
-    with pytest.raises(ConfigError, match="environment applies to command, notebook and shell jobs; a train, serve or video job"):
+    with pytest.raises(
+        ConfigError, match="environment applies to command, notebook and shell jobs; a train, serve or video job"
+    ):
         parse_spec({"video": {"sources": ["/a"]}, "environment": {"packages": ["numpy"]}})
     kinds = [set(o["required"]) for o in SPEC_SCHEMA["oneOf"]]
     assert {"video"} in kinds and SPEC_SCHEMA["properties"]["video"] is video.SCHEMA
