@@ -1,4 +1,4 @@
-"""Notebook sessions (issue 34): how fast one opens, and what the pod's proxy adds to a kernel's messages.
+"""Notebook sessions: how fast one opens, and what the pod's proxy adds to a kernel's messages.
 
     .venv/bin/python benchmarks/bench_sessions.py                  # both parts; table + JSON; updates docs/benchmarks.md
     .venv/bin/python benchmarks/bench_sessions.py --only start --no-docs
