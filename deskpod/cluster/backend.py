@@ -23,18 +23,20 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from deskpod.cluster import slurm
 from deskpod.cluster.batch import check_fits, submit_in
+from deskpod.cluster.staging import StagedSources
 from deskpod.errors import DeskpodError, UsageError
-from deskpod.jobs.executor import ExecutorStatus, PartitionStatus, PodSide
+from deskpod.jobs.executor import BackendStatus, ExecutorStatus, PartitionStatus, PodSide
 from deskpod.jobs.forecast import Forecast
 from deskpod.jobs.joblog import read_log
 from deskpod.jobs.kinds import KINDS
 from deskpod.jobs.kinds.session import ENDPOINT, write_secret
 from deskpod.jobs.scheduler import Waiting
-from deskpod.jobs.spec import JobSpec
+from deskpod.jobs.spec import SLURM_DEFAULTS, JobSpec
 from deskpod.jobs.states import JobState
 from deskpod.jobs.store import JobRecord, User
 
@@ -50,8 +52,11 @@ class SlurmExecutor:
     name = "slurm"
     device_count = None  # devices = "all" is a whole node's, whichever Slurm picks
 
-    def __init__(self, *, poll_s: float = 1.0) -> None:
+    def __init__(self, *, poll_s: float = 1.0, scratch: Path | None = None) -> None:
         self.poll_s = poll_s
+        self.staged = StagedSources(Path(SLURM_DEFAULTS["scratch"]) if scratch is None else scratch)
+        """The datasets staged in the default scratch folder (a job's ``slurm.scratch`` unless it names another),
+        shown in the status so that a fleet sends a job to the cluster that already has its data."""
         self._last_poll = 0.0
         self._partitions: list[slurm.Partition] | None = None
         self.version = slurm.version()  # no Slurm, or no controller: `deskpod up` stops here with one line
@@ -80,7 +85,9 @@ class SlurmExecutor:
             {"name": p.name, "nodes": p.nodes, "gpus_per_node": p.gpus_per_node, "default": p.default}
             for p in self.partitions()
         ]
-        return {"devices": [], "backend": {"name": self.name, "slurm_version": str(self.version), "partitions": parts}}
+        backend: BackendStatus = {"name": self.name, "slurm_version": str(self.version), "partitions": parts,
+                                  "scratch": str(self.staged.scratch), "staged": self.staged.sources()}  # fmt: skip
+        return {"devices": [], "backend": backend}
 
     def forecast(self, pod: PodSide, waiting: Sequence[Waiting], now: float) -> Forecast:
         """Positions only: Slurm's scheduler decides when; a job's reason says why not yet."""

@@ -50,10 +50,12 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -241,6 +243,31 @@ def staged_list(scratch: Path) -> list[StagedCopy]:
     """Every complete copy in ``scratch``, least recently used first (the order eviction takes them in)."""
     out = [c for c in (_read_copy(p) for p in _copy_folders(scratch)) if c is not None]
     return sorted(out, key=lambda c: (c.last_used, c.key))
+
+
+class StagedSources:
+    """The sources staged in one scratch folder, as a pod's status shows them (`deskpod.cluster.backend`): read
+    with `staged_list` at most once every ``ttl`` seconds, since a status is asked often (a fleet's survey) and
+    the answer changes only when a job stages or a copy is evicted. A scratch folder that does not exist, or that
+    this user cannot read, has nothing staged."""
+
+    def __init__(self, scratch: Path, *, ttl: float = 5.0) -> None:
+        self.scratch, self.ttl = Path(scratch), ttl
+        self._read_at = -math.inf
+        self._sources: list[str] = []
+        self._lock = threading.Lock()
+
+    def sources(self) -> list[str]:
+        """The staged copies' sources (resolved paths, each once, sorted)."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= self.ttl:
+                try:
+                    copies = staged_list(self.scratch)
+                except OSError:  # unreadable (another user's, a dead mount): nothing this pod can count on
+                    copies = []
+                self._sources, self._read_at = sorted({str(c.source) for c in copies}), now
+            return list(self._sources)
 
 
 def evict(scratch: Path, limit_bytes: int) -> list[str]:

@@ -92,7 +92,25 @@ HEALTH_S = 300.0
 def wanted(spec: JobSpec) -> Wanted:
     """What routing needs of a spec."""
     count = int(spec.devices) if str(spec.devices).isdigit() else None
-    return Wanted(count, spec.placement, spec.max_runtime, spec.nodes, spec.device_kind, spec.stack)
+    data, scratch = staged_data(spec)
+    return Wanted(count, spec.placement, spec.max_runtime, spec.nodes, spec.device_kind, spec.stack, data, scratch)
+
+
+def staged_data(spec: JobSpec) -> tuple[str | None, str | None]:
+    """The dataset a train job with ``slurm.stage_data`` copies to scratch (its source path) and the scratch folder
+    it copies to; (None, None) for a job that stages nothing (synthetic data, no ``stage_data``, not a train job).
+
+    The path is resolved as the job's node would resolve it with only the job's own ``env`` (`resolve_data_path`:
+    ``fashion-mnist`` is ``DESKPOD_FASHION_MNIST`` there, else the default folder), without following symlinks.
+    """
+    from deskpod.cluster.batch import slurm_options
+    from deskpod.cluster.staging import resolve_data_path
+
+    options = slurm_options(spec)
+    if spec.train is None or not options["stage_data"]:
+        return None, None
+    source = resolve_data_path(str(spec.train.get("data", "fashion-mnist")), spec.env)
+    return (None, None) if source is None else (str(source), str(options["scratch"]))
 
 
 def split(external: str) -> tuple[str, str]:

@@ -14,8 +14,11 @@ In order:
    has the job's devices free for its ``max_runtime``. A start no forecast can promise (devices held by jobs
    without a time limit, a cluster's scheduler) comes after every promised one; among those, the shortest queue.
    Ties: the member that has the job's stack built (``pytorch@v3 built there``: its environment is ready, no
-   build before the start; `deskpod.fleet.stacks.StackStore.built`), then the shorter queue, then more devices free
-   now, then the name.
+   build before the start; `deskpod.fleet.stacks.StackStore.built`), then the cluster that has the job's dataset
+   staged (a train job with ``slurm.stage_data``: ``imagenet staged there``, its source listed in the member's
+   status, `deskpod.cluster.staging.StagedSources`; the first epoch reads local SSD, no copy before it), then the
+   shorter queue, then more devices free now, then the name. A built stack ranks before staged data: without it the
+   job cannot start at all until the environment is built, while an unstaged dataset is copied inside the job.
 
 `route` returns the choice and one reason per member, the chosen one first ("box-b: 4 GPUs free now; box-a:
 about 2 h in queue; box-c: has 2 GPUs, the job needs 4"); the fleet records it in the job's history.
@@ -24,8 +27,10 @@ about 2 h in queue; box-c: has 2 GPUs, the job needs 4"); the fleet records it i
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 
 from deskpod.errors import UsageError
 from deskpod.fleet.snapshot import MemberSnapshot
@@ -46,6 +51,11 @@ class Wanted:
     """The device kind the job names (``cuda``, ``cpu``); None: any."""
     stack: str | None = None
     """The stack version the job runs in (``NAME@vN``, pinned by the fleet); None: none."""
+    data: str | None = None
+    """The dataset a train job with ``slurm.stage_data`` copies to node-local scratch (its source path); None: the
+    job stages nothing."""
+    scratch: str | None = None
+    """The scratch folder the job stages into (``slurm.scratch``); None: any (the member's default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,8 @@ class _Option:
     free: int
     built: bool = False
     """The member has the job's stack built."""
+    staged: bool = False
+    """The member has the job's dataset staged in the job's scratch folder."""
 
 
 def route(job: Wanted, members: Sequence[MemberSnapshot], now: float) -> Route:
@@ -80,18 +92,32 @@ def route(job: Wanted, members: Sequence[MemberSnapshot], now: float) -> Route:
             options[m.name] = option
     if not options:
         return Route(None, reasons)
-    best = min(options, key=lambda n: (options[n].wait, not options[n].built, options[n].queued, -options[n].free, n))
+    best = min(options, key=lambda n: (options[n].wait, not options[n].built, not options[n].staged, options[n].queued,
+                                       -options[n].free, n))  # fmt: skip
     return Route(best, {best: reasons[best], **{n: r for n, r in reasons.items() if n != best}})
 
 
 def _judge(job: Wanted, m: MemberSnapshot, now: float) -> tuple[str, _Option | None]:
-    """A member's reason, and its option when it can take the job (with whether it has the job's stack built)."""
+    """A member's reason, and its option when it can take the job (with whether it has the job's stack built and
+    its data staged)."""
     why, option = _fit(job, m, now)
-    if option is None or job.stack is None:
+    if option is None:
         return why, option
-    if job.stack in m.stacks:
-        return f"{why}; {job.stack} built there", replace(option, built=True)
-    return f"{why}; {job.stack} not built there yet", option
+    if job.stack is not None:
+        built = job.stack in m.stacks
+        why += f"; {job.stack} built there" if built else f"; {job.stack} not built there yet"
+        option = replace(option, built=built)
+    if job.data is not None and m.backend == "slurm":  # only a cluster's jobs stage (`deskpod.cluster.launch`)
+        staged = (job.scratch is None or job.scratch == m.scratch) and _same_path(job.data, m.staged)
+        name = PurePath(job.data).name or job.data
+        why += f"; {name} staged there" if staged else f"; {name} not staged there yet"
+        option = replace(option, staged=staged)
+    return why, option
+
+
+def _same_path(path: str, among: Sequence[str]) -> bool:
+    """Whether ``path`` is one of ``among``, spelled alike up to ``..``, ``.`` and repeated slashes."""
+    return os.path.normpath(path) in {os.path.normpath(p) for p in among}
 
 
 def _fit(job: Wanted, m: MemberSnapshot, now: float) -> tuple[str, _Option | None]:

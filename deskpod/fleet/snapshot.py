@@ -56,6 +56,11 @@ class MemberSnapshot:
     """``local`` (one box) or ``slurm`` (a cluster behind its login node)."""
     partitions: tuple[tuple[str, int, int], ...] = ()
     """A cluster's partitions: (name, nodes, GPUs per node)."""
+    scratch: str = ""
+    """A cluster's default scratch folder for staged datasets; empty for a box."""
+    staged: tuple[str, ...] = ()
+    """The datasets (source paths, as the member resolved them) staged in its scratch already
+    (`deskpod.cluster.staging.StagedSources`); a box stages nothing."""
     software: Mapping[str, str | None] = field(default_factory=dict)
     """``deskpod``, ``torch``, ``cuda``, ``driver`` versions (None: not there)."""
     usage: Mapping[str, float | None] = field(default_factory=dict)
@@ -88,6 +93,7 @@ class MemberSnapshot:
             "usage": {**self.usage, "held": self.held}, "stacks": list(self.stacks),
             "health": None if self.health is None else self.health.to_json(),
             "partitions": [{"name": n, "nodes": k, "gpus_per_node": g} for n, k, g in self.partitions],
+            "scratch": self.scratch, "staged": list(self.staged),
             "asked_at": self.asked_at,
         }  # fmt: skip
 
@@ -106,6 +112,7 @@ def from_status(name: str, url: str, status: Mapping[str, Any], asked_at: float,
         backend=str(backend.get("name", "local")),
         partitions=tuple((str(p["name"]), int(p["nodes"]), int(p["gpus_per_node"]))
                          for p in backend.get("partitions", [])),
+        scratch=str(backend.get("scratch", "")), staged=tuple(str(p) for p in backend.get("staged", [])),
         software=dict(status.get("software") or {}), usage=dict(status.get("usage") or {}),
     )  # fmt: skip
 

@@ -44,6 +44,10 @@ class BackendStatus(TypedDict):
     partitions: NotRequired[list[PartitionStatus]]
     members: NotRequired[int]
     """A fleet's: how many member pods it hands jobs to."""
+    scratch: NotRequired[str]
+    """A cluster's default scratch folder for staged datasets (``slurm.scratch``)."""
+    staged: NotRequired[list[str]]
+    """The datasets (source paths) staged there already (`deskpod.cluster.staging.StagedSources`)."""
 
 
 class ExecutorStatus(TypedDict):

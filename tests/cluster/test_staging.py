@@ -14,6 +14,7 @@ import pytest
 
 from deskpod.cluster.staging import (
     Lease,
+    StagedSources,
     release,
     resolve_data_path,
     rewrite_data,
@@ -304,3 +305,21 @@ def test_staged_fashion_mnist_is_found_through_its_variable(tmp_path: Path) -> N
     labels = read_idx(fashion_mnist_files(root)["test_labels"])
     assert labels.shape == (10_000,) and labels.equal(read_idx(fashion_mnist_files(FMNIST)["test_labels"]))
     release(got)
+
+
+def test_a_clusters_status_lists_what_its_scratch_has_staged_cached_a_few_seconds(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    assert StagedSources(scratch).sources() == []  # no scratch folder yet: nothing staged
+    src = make_folder(tmp_path / "imagenet")
+    stage(src, scratch)
+    view = StagedSources(scratch, ttl=3600.0)
+    assert view.sources() == [str(src.resolve())]
+    second = make_folder(tmp_path / "coco", "c")
+    stage(second, scratch)
+    assert view.sources() == [str(src.resolve())]  # read again only once the ttl is over
+    assert StagedSources(scratch, ttl=0.0).sources() == sorted([str(src.resolve()), str(second.resolve())])
+    (scratch / "not-a-copy").mkdir()  # a folder without info.json is not a staged copy
+    stage(src, scratch)  # a hit: still listed once
+    assert StagedSources(scratch, ttl=0.0).sources() == sorted([str(src.resolve()), str(second.resolve())])
+    evict_copies(scratch, 0)
+    assert StagedSources(scratch, ttl=0.0).sources() == []

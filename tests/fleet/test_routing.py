@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from deskpod.fleet.executor import staged_data, wanted
 from deskpod.fleet.routing import Wanted, about, after, route
 from deskpod.fleet.snapshot import Holder, MemberSnapshot, from_status
 from deskpod.hardware.placement import machine
 from deskpod.hardware.topo_matrix import format_topo_matrix
+from deskpod.jobs.spec import parse_spec
 
 NOW = 1_000_000.0
 
@@ -178,3 +180,62 @@ def test_among_equal_starts_the_member_with_the_jobs_stack_built_wins_and_says_s
     # the stack is a tie-breaker only: a sooner start wins over a built stack
     busy = box("b", "dgx-station", {i: "1" for i in range(4)}, free=((0.0, 0), (600.0, 4)), stacks=("pytorch@v2",))
     assert route(Wanted(2, max_runtime=60, stack="pytorch@v2"), [a, busy], NOW).member == "a"
+
+
+def test_among_clusters_the_one_with_the_jobs_data_staged_wins_and_says_so() -> None:
+    hpc = MemberSnapshot(name="a-hpc", url="http://a", asked_at=NOW, reachable=True, backend="slurm",
+                         partitions=(("gpu", 2, 4),), scratch="/tmp/deskpod-scratch")  # fmt: skip
+    staged = replace(hpc, name="b-hpc", queued=2, staged=("/shared/other", "/shared/imagenet"))
+    job = Wanted(4, data="/shared/imagenet", scratch="/tmp/deskpod-scratch")
+    r = route(job, [hpc, staged], NOW)
+    assert r.member == "b-hpc"  # before the shorter queue and the name
+    assert r.reasons == {
+        "b-hpc": "a Slurm cluster, which decides when (2 queued there); imagenet staged there",
+        "a-hpc": "a Slurm cluster, which decides when (0 queued there); imagenet not staged there yet",
+    }
+    assert route(replace(job, data="/shared/./imagenet/"), [hpc, staged], NOW).member == "b-hpc"  # same path
+    assert route(replace(job, data="/shared/imagenet-2"), [hpc, staged], NOW).member == "a-hpc"  # another dataset
+    # a copy in another scratch folder than the one the job stages into does not count
+    other = replace(job, scratch="/local/scratch")
+    assert route(other, [hpc, staged], NOW).reasons["b-hpc"].endswith("imagenet not staged there yet")
+    assert route(replace(job, scratch=None), [hpc, staged], NOW).member == "b-hpc"
+    # a job that stages nothing: no word of data, the shorter queue wins
+    plain = route(Wanted(4), [hpc, staged], NOW)
+    assert (plain.member, plain.reasons["b-hpc"]) == ("a-hpc", "a Slurm cluster, which decides when (2 queued there)")
+    # a built stack ranks before staged data
+    built = replace(hpc, stacks=("pytorch@v2",))
+    r = route(replace(job, stack="pytorch@v2"), [built, staged], NOW)
+    assert r.member == "a-hpc"
+    assert r.reasons["a-hpc"].endswith("pytorch@v2 built there; imagenet not staged there yet")
+    # staged data only breaks ties: a box that can start now wins, and a box (it stages nothing) gets no word of it
+    now_box = box("box", "dgx-station")
+    assert route(job, [staged, now_box], NOW).reasons == {
+        "box": "4 GPUs free now",
+        "b-hpc": "a Slurm cluster, which decides when (2 queued there); imagenet staged there",
+    }
+
+
+def test_a_clusters_staged_datasets_are_read_from_its_status() -> None:
+    status = {"devices": [], "backend": {"name": "slurm", "partitions": [],
+                                         "scratch": "/raid/scratch", "staged": ["/shared/imagenet"]}}  # fmt: skip
+    snap = from_status("hpc", "http://hpc", status, NOW, False)
+    assert (snap.scratch, snap.staged) == ("/raid/scratch", ("/shared/imagenet",))
+    assert snap.to_json()["staged"] == ["/shared/imagenet"]
+    old = from_status("hpc", "http://hpc", {"devices": [], "backend": {"name": "slurm"}}, NOW, False)
+    assert (old.scratch, old.staged) == ("", ())  # a member from before: nothing staged
+
+
+def test_a_train_job_that_stages_its_data_names_its_source_and_scratch() -> None:
+    train = {"config": "x.toml", "data": "imagefolder:/shared/imagenet"}
+    spec = parse_spec({"train": train, "slurm": {"stage_data": True}})
+    assert staged_data(spec) == ("/shared/imagenet", "/tmp/deskpod-scratch")
+    assert wanted(spec).data == "/shared/imagenet"
+    spec = parse_spec({"train": train, "slurm": {"stage_data": True, "scratch": "/raid/s"}})
+    assert staged_data(spec) == ("/shared/imagenet", "/raid/s")
+    fmnist = parse_spec({"train": {"config": "x.toml"}, "env": {"DESKPOD_FASHION_MNIST": "/d/fm"},
+                         "slurm": {"stage_data": True}})  # fmt: skip
+    assert staged_data(fmnist)[0] == "/d/fm"
+    assert staged_data(parse_spec({"train": train})) == (None, None)  # no stage_data
+    synthetic = {"config": "x.toml", "data": "synthetic"}
+    assert staged_data(parse_spec({"train": synthetic, "slurm": {"stage_data": True}})) == (None, None)
+    assert staged_data(parse_spec({"command": ["true"], "slurm": {"stage_data": True}})) == (None, None)
