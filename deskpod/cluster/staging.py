@@ -40,6 +40,9 @@ Eviction deletes the least recently used copies (last ``stage`` or ``release``) 
 new copy fits under ``limit_bytes`` (copies in progress count at their full size) and on the disk; it deletes nothing
 when even evicting everything evictable would not be enough. Sizes are the files' bytes, not disk blocks.
 
+A pod with ``--backend slurm`` lists what its default scratch folder has staged in its status (`StagedSources`:
+the sources, read at most every few seconds), so that a fleet routes a job to the cluster that has its data.
+
 Not done: fsync of each copied file (a node that crashes right after staging may keep a damaged copy:
 ``verify=True`` finds it); scratch shared between users (whoever evicts needs write access to every copy's folder).
 """
