@@ -10,11 +10,10 @@ and the node.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import os
 from typing import Any
-
-from jupyter_server.auth.identity import IdentityProvider, User
 
 from deskpod.jobs.kinds.session import SECRET_ENV, SECRET_HEADER
 
@@ -31,15 +30,30 @@ def read_secret(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
         return ""
 
 
-class SessionSecret(IdentityProvider):  # type: ignore[misc]
-    """The pod is the one user: a request with the secret is the session's owner, forwarded by the pod."""
+def __getattr__(name: str) -> Any:
+    """``SessionSecret``, made when jupyter-server asks for it: this module imports without the sessions extra (the
+    pod's code imports everywhere; only the notebook's server, which has the extra, loads the class)."""
+    if name == "SessionSecret":
+        return session_secret_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.secret = read_secret()
 
-    def get_user(self, handler: Any) -> User | None:
-        given = handler.request.headers.get(SECRET_HEADER, "")
-        if self.secret and given and hmac.compare_digest(given.encode(), self.secret.encode()):
-            return User(username=os.environ.get("USER", "owner"))
-        return None
+@functools.cache
+def session_secret_class() -> type:
+    from jupyter_server.auth.identity import IdentityProvider, User
+
+    class SessionSecret(IdentityProvider):  # type: ignore[misc]
+        """The pod is the one user: a request with the secret is the session's owner, forwarded by the pod."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.secret = read_secret()
+
+        def get_user(self, handler: Any) -> User | None:
+            given = handler.request.headers.get(SECRET_HEADER, "")
+            if self.secret and given and hmac.compare_digest(given.encode(), self.secret.encode()):
+                return User(username=os.environ.get("USER", "owner"))
+            return None
+
+    SessionSecret.__qualname__ = "SessionSecret"
+    return SessionSecret
