@@ -137,9 +137,15 @@ def test_chromium_opens_the_notebook_and_runs_a_cell(
             page, _ = open_signed_in(browser, pod, f"/sessions/{notebook}/lab", tokens[ann.name])
             tile = page.locator('.jp-LauncherCard[data-category="Notebook"]', has_text="Python 3 (job)").first
             tile.click(timeout=120_000)  # the launcher's notebook tile: the job's kernel
+            # the notebook's kernel is up and its shared document ready before anything is typed into it
+            page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=120_000)
             cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
-            cell.click(timeout=60_000)
-            page.keyboard.type(CELL)
+            for _ in range(3):  # keystrokes sent while the editor is still being attached may be dropped: type again
+                cell.click(timeout=60_000)
+                page.keyboard.press("ControlOrMeta+a")
+                page.keyboard.type(CELL)
+                if "getpass" in cell.inner_text():
+                    break
             page.keyboard.press("Shift+Enter")
             output = page.locator(".jp-OutputArea-output", has_text="SEEN").first
             output.wait_for(timeout=120_000)
