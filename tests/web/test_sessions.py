@@ -122,12 +122,13 @@ def test_a_kernel_runs_as_the_owner_on_its_devices_over_the_websocket(
 
 
 def test_chromium_opens_the_notebook_and_runs_a_cell(
-    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account], box: Path
+    pod: Pod, notebook: str, tokens: dict[str, str], users: tuple[Account, Account], box: Path, tmp_path: Path
 ) -> None:
     """ann's browser runs a cell in a new notebook through the pod; the notebook is in her folder, cell and output
     included, without her saving it: the server holds the document (jupyter-collaboration) and writes it itself."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium for these tests")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     ann, _ = users
@@ -140,15 +141,28 @@ def test_chromium_opens_the_notebook_and_runs_a_cell(
             # the notebook's kernel is up and its shared document ready before anything is typed into it
             page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=120_000)
             cell = page.locator(".jp-Notebook .jp-Cell .cm-content").first
-            for _ in range(3):  # keystrokes sent while the editor is still being attached may be dropped: type again
+            output = page.locator(".jp-OutputArea-output", has_text="SEEN").first
+            seen: list[str] = []
+            for _ in range(3):
+                # Keystrokes sent while the editor is still being joined to the server's shared document may be
+                # dropped, or the document's first sync may replace them: type (again) until the cell runs.
                 cell.click(timeout=60_000)
                 page.keyboard.press("ControlOrMeta+a")
                 page.keyboard.type(CELL)
-                if "getpass" in cell.inner_text():
+                page.keyboard.press("Shift+Enter")
+                try:
+                    output.wait_for(timeout=60_000)
                     break
-            page.keyboard.press("Shift+Enter")
-            output = page.locator(".jp-OutputArea-output", has_text="SEEN").first
-            output.wait_for(timeout=120_000)
+                except PlaywrightTimeout:
+                    status = page.locator(".jp-Notebook-ExecutionIndicator").first.get_attribute("data-status")
+                    seen.append(f"kernel {status}: {page.locator('.jp-Notebook').first.inner_text()}")
+            else:
+                page.screenshot(path=str(tmp_path / "notebook.png"))
+                log = pod.client(tokens[ann.name]).log(notebook)[0].decode(errors="replace")[-3000:]
+                pytest.fail(
+                    f"the cell never printed SEEN; the notebook read, after each try: {seen!r} "
+                    f"(screenshot: {tmp_path / 'notebook.png'}); the session's log ends:\n{log}"
+                )
             assert f"SEEN {ann.name}" in output.inner_text()
 
             def written() -> bool:
