@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from deskpod.errors import AuthError, NotFoundError
 from deskpod.jobs.client import PodClient
 from tests.fleet.members import start_fleet
 from tests.jobs.pods import Pod, Pods, wait_for, wait_state
-from tests.unix_users import make_users
+from tests.unix_users import make_users, shared_folder
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="members run jobs as their users' accounts only as root")
 
@@ -35,6 +36,15 @@ class Fleet:
     accounts: dict[str, Account]
     tokens: dict[str, Path]
     """Each fleet user's token file (0600)."""
+    box: Path
+    """A folder the users' sandboxes reach (under /var/tmp)."""
+
+    def workdir(self, user: str) -> Path:
+        """A new folder in `box` that ``user``'s account owns, for a job's workdir."""
+        folder = Path(tempfile.mkdtemp(dir=self.box))
+        folder.chmod(0o755)
+        os.chown(folder, self.accounts[user].uid, self.accounts[user].gid)
+        return folder
 
     def client(self, user: str) -> PodClient:
         return self.fleet.client(self.tokens[user].read_text().strip())
@@ -48,12 +58,12 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     pods = Pods(tmp_path_factory.mktemp("fleet"))
-    with make_users("ann", "ben") as (ann, ben):
+    with make_users("ann", "ben") as (ann, ben), shared_folder("deskpod-fleet-") as box:
         try:
             boxes = {"box-a": (("--machine", "dgx1-v100"), {}), "box-b": ((), {})}
             fleet, members, tokens = start_fleet(pods, ("--lease", "4"), boxes, {"ann": ann, "ben": ben})
             untrusting = pods("--name", "box-c", sandbox=True)
-            yield Fleet(fleet, members["box-a"], members["box-b"], untrusting, {"ann": ann, "ben": ben}, tokens)
+            yield Fleet(fleet, members["box-a"], members["box-b"], untrusting, {"ann": ann, "ben": ben}, tokens, box)
         finally:
             pods.stop_all()
 
@@ -181,11 +191,15 @@ def test_a_killed_members_queued_jobs_go_elsewhere_after_the_lease_and_its_runni
     fleet: Fleet,
 ) -> None:
     f = fleet
+    workdir = f.workdir("ann")
     added(f)
     ann = f.client("ann")
     sleep = [sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1])); print('done', flush=True)"]
+    # long-a runs until the test lets it end: a file in its workdir (a folder ann's sandbox reaches)
+    release = [sys.executable, "-c", "import os, time\nwhile not os.path.exists('release'): time.sleep(0.2)"]
     # box-a busy for at most 2 min (a promised start), box-b with a job of no time limit: a 2-device job goes to box-a
-    long_a = ann.submit({"name": "long-a", "devices": 8, "max_runtime": 120, "command": [*sleep, "50"]})
+    long_a = ann.submit({"name": "long-a", "devices": 8, "max_runtime": 120, "command": release,
+                         "workdir": str(workdir)})  # fmt: skip
     wait_state(ann, long_a["id"], "running", timeout=60)
     busy_b = ann.submit({"name": "busy-b", "devices": 2, "command": [*sleep, "600"]})
     wait_for(lambda: (ann.job(busy_b["id"])["external"] or "").startswith("box-b:"), 30, "busy-b on box-b")
@@ -204,6 +218,9 @@ def test_a_killed_members_queued_jobs_go_elsewhere_after_the_lease_and_its_runni
     assert ann.job(long_a["id"])["state"] == "running"  # shown as it was: box-a does not answer
 
     f.a.start()  # box-a comes back: its copy of queued-a never started and is cancelled; long-a was re-adopted
+    wait_for(lambda: f.a.client().job(ann.job(long_a["id"])["external"].split(":")[1])["state"] == "running", 60,
+             "box-a to show long-a running again")  # fmt: skip
+    (workdir / "release").touch()
     done = wait_state(ann, long_a["id"], "succeeded", "failed", "lost", timeout=90)
     assert done["state"] == "succeeded" and done["external"].startswith("box-a:"), done
     stale = wait_state(f.a.client(), first_copy, "cancelled", timeout=30)
