@@ -112,15 +112,25 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-# make test's tests in two runs: first the fast tier (less any test marked `alone`: it measures this box's speed) on
-# CHECK_JOBS processes, then the rest one at a time: servers, the Slurm cluster, browsers, multi-process training
-# and fresh environments, which use both cores and fixed ports or homes themselves. Both run; either failing fails.
+# make test's tests in three runs. First the fast tier on CHECK_JOBS processes. Then the servers, the Slurm cluster,
+# browsers, multi-process training and fresh environments: most of their time is spent waiting on processes they
+# started, so they run as two streams at once (`--stream` in tests/conftest.py: the Slurm cluster's tests and the
+# cluster, fleet, video and lung packages in one, the others in the other), each with its own temporary folder; the
+# cluster stream's output follows the box stream's. Last, alone, the tests marked `alone`: they measure this box's
+# speed. All three run; any failing fails.
 PARALLEL := not server and not slow and not alone
+SERIAL := (server or slow) and not alone
 unit: install
-	status=0; \
+	status=0; tmp=$$(mktemp -d); \
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(CHECK_JOBS) -m "$(PARALLEL)" --durations=10 || status=$$?; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not ($(PARALLEL))" --durations=25 || status=$$?; \
-	exit $$status
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(SERIAL)" --stream cluster --basetemp $$tmp/cluster \
+	  --durations=15 > $$tmp/cluster.log 2>&1 & cluster=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "$(SERIAL)" --stream box --basetemp $$tmp/box \
+	  --durations=15 || status=$$?; \
+	wait $$cluster || status=$$?; \
+	echo "--- the cluster stream:"; cat $$tmp/cluster.log; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m alone || status=$$?; \
+	rm -rf $$tmp; exit $$status
 
 bench: install data
 	$(BIN)/deskpod bench train

@@ -59,11 +59,41 @@ def starts_server(fn: Callable[..., Any]) -> bool:
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+CLUSTER_SIDE = ("cluster", "fleet", "video", "lung")
+"""The test packages of `--stream cluster` besides every test that uses the Slurm cluster (see `in_stream`)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stream", choices=("cluster", "box"), default=None,
+        help="only one half of the tests, so that make test can run the two halves of its serial tier at once: "
+        "'cluster', every test that uses the Slurm cluster (one a box: its daemons are the box's) and the tests "
+        f"of tests/{{{','.join(CLUSTER_SIDE)}}}; 'box', the others",
+    )  # fmt: skip
+
+
+def in_stream(item: pytest.Item, stream: str) -> bool:
+    """Whether ``item`` is in the half of the tests named ``stream`` (`--stream`)."""
+    package = item.path.relative_to(item.config.rootpath).parts[1:2]
+    params = getattr(item, "callspec", None)  # a test run once per executor: its Slurm one (tests/jobs/test_executors)
+    slurm = "slurm" in item.fixturenames or (
+        params is not None and any(isinstance(v, str) and v == "slurm" for v in params.params.values())
+    )  # type: ignore[attr-defined]
+    cluster = slurm or (bool(package) and package[0] in CLUSTER_SIDE)
+    return cluster == (stream == "cluster")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]  # type: ignore[attr-defined]
         if any(starts_server(fn) for fn in [item.function, *fixtures]):  # type: ignore[attr-defined]
             item.add_marker(pytest.mark.server)
+    stream = config.getoption("--stream")
+    if stream:
+        left = [item for item in items if not in_stream(item, stream)]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [item for item in items if in_stream(item, stream)]
 
 
 @pytest.fixture(scope="session")
