@@ -32,6 +32,7 @@ from deskpod.cluster import slurm
 from deskpod.envs.userfiles import read_path
 from deskpod.errors import ConfigError, DeviceError
 from deskpod.jobs.spec import SLURM_DEFAULTS, JobSpec, parse_spec, without_nulls
+from deskpod.train.runs import Under
 
 CHECKPOINT_SIGNAL = "USR2"
 """What Slurm sends before the time limit (``--signal=USR2@T``): deskpod's trainer checkpoints and exits
@@ -46,28 +47,14 @@ class JobFiles:
 
     folder: Path
 
-    @property
-    def spec(self) -> Path:
-        return self.folder / "job.json"
-
-    @property
-    def script(self) -> Path:
-        return self.folder / "job.sbatch"
-
-    @property
-    def attempts(self) -> Path:
-        return self.folder / "attempts.json"
-
-    @property
-    def slurm_id(self) -> Path:
-        return self.folder / "slurm_id"
+    spec = Under("job.json", "folder")
+    script = Under("job.sbatch", "folder")
+    attempts = Under("attempts.json", "folder")
+    slurm_id = Under("slurm_id", "folder")
+    run_dir = Under("runs", "folder")
 
     def log(self, attempt: int) -> Path:
         return self.folder / "logs" / f"attempt-{attempt}.log"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.folder / "runs"
 
     def read_spec(self) -> JobSpec:
         try:
