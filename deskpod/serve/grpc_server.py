@@ -48,7 +48,7 @@ from deskpod import __version__
 from deskpod.errors import DeskpodError, UsageError
 from deskpod.serve.batcher import ModelUnavailable
 from deskpod.serve.images import classify, decode_inputs, decoder_pool, preprocess_of
-from deskpod.serve.protocol import DATATYPES, DTYPES, InferRequest, ProtocolError, _bytes_tensor, _raw, datatype_of
+from deskpod.serve.protocol import DATATYPES, DTYPES, InferRequest, ProtocolError, _raw, datatype_of, raw_tensor
 from deskpod.serve.registry import ModelNotFound
 from deskpod.serve.server import EXTENSIONS, App, admit, check_inputs, metadata, status_of, submit
 
@@ -94,17 +94,7 @@ def decode_infer_request(msg: Any) -> InferRequest:
             raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers, got {list(shape)}")
         count = math.prod(shape)
         if raw:
-            data = raw[i]
-            if datatype == "BYTES":
-                arr = _bytes_tensor(data, count, name)
-            else:
-                dt = DTYPES[datatype]
-                if len(data) != count * dt.itemsize:
-                    raise ProtocolError(
-                        f"input {name!r}: shape {list(shape)} of {datatype} needs {count * dt.itemsize} bytes, "
-                        f"raw_input_contents has {len(data)}"
-                    )
-                arr = np.frombuffer(data, dtype=dt)
+            arr = raw_tensor(raw[i], shape, datatype, name, "raw_input_contents has")
         else:
             field = CONTENTS.get(datatype)
             if field is None:
