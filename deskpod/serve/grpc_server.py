@@ -47,10 +47,10 @@ from tritonclient.grpc import service_pb2 as pb
 from deskpod import __version__
 from deskpod.errors import DeskpodError, UsageError
 from deskpod.serve.batcher import ModelUnavailable
-from deskpod.serve.images import classify, decode_inputs, decoder_pool, preprocess_of
+from deskpod.serve.images import decode_inputs, decoder_pool, preprocess_of
 from deskpod.serve.protocol import DATATYPES, DTYPES, InferRequest, ProtocolError, _raw, datatype_of, raw_tensor
 from deskpod.serve.registry import ModelNotFound
-from deskpod.serve.server import EXTENSIONS, App, admit, check_inputs, metadata, status_of, submit
+from deskpod.serve.server import EXTENSIONS, App, admit, check_inputs, metadata, outputs_of, status_of, submit
 
 log = logging.getLogger("deskpod.serve")
 SERVICE = "inference.GRPCInferenceService"
@@ -231,16 +231,7 @@ class GrpcService:
     @staticmethod
     def _finish(lv: Any, req: InferRequest, classes: dict[str, int], t0: float, fut: asyncio.Future[Any]) -> Any:
         """The ModelInferResponse of a request whose future is done (or its error, raised); counted either way."""
-        exc = fut.exception()
-        lv.stats.record_request(time.perf_counter() - t0, exc is None)
-        if exc is not None:
-            raise exc
-        outputs = fut.result()
-        if req.outputs is not None:
-            outputs = {n: outputs[n] for n in req.outputs}
-        for name, k in classes.items():  # Triton's classification extension: top-k strings, not the tensor
-            outputs[name] = classify(outputs, name, lv.config.labels, k)
-        return encode_infer_response(lv.config.name, lv.version, req.id, outputs)
+        return encode_infer_response(lv.config.name, lv.version, req.id, outputs_of(lv, req, classes, t0, fut))
 
     async def model_infer(self, request: Any, context: Any) -> Any:
         t0 = time.perf_counter()
