@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from deskpod.comm.collectives import COLLECTIVES, CollectiveName, bus_factor, element_count
 from deskpod.errors import RunError, UsageError
-from deskpod.hardware.doctor import spawn_workers
+from deskpod.hardware.doctor import join_group, spawn_workers, worker_device
 
 Backend = Literal["auto", "gloo", "nccl"]
 DTYPES = ("float32", "bfloat16", "float16")
@@ -119,24 +119,11 @@ def worker_sweep(
     rank: int, world: int, port: int, backend: str, kind: str, threads: int, config: CommBenchConfig
 ) -> list[dict[str, Any]]:
     """One rank's whole sweep (runs in a worker process); every rank returns the same rows."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # rendezvous and traffic stay on loopback
-    import datetime
-
     import torch
     import torch.distributed as dist
 
-    device = torch.device(f"cuda:{rank}" if kind == "cuda" else "cpu")
-    if kind == "cuda":
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(threads)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=config.timeout_s),
-    )
+    device = torch.device(worker_device(torch, kind, rank, threads))
+    join_group(backend, port, rank, world, config.timeout_s)
     rows: list[dict[str, Any]] = []
     try:
         for name in config.collectives:

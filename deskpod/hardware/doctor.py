@@ -18,8 +18,10 @@ them. The timed loops run after an untimed warm-up; correctness is checked outsi
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import multiprocessing as mp
+import os
 import queue
 import statistics
 import time
@@ -178,32 +180,17 @@ def _sync(torch: Any, device: str) -> None:
 
 def _worker(rank: int, world: int, port: int, kind: str, threads: int, seconds: float, results: Any) -> None:
     """One device's worker: measure it, then join the all-reduce. Sends one dict to ``results``."""
-    import os
-
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # rendezvous and traffic stay on loopback
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     out: dict[str, Any] = {"rank": rank}
     try:
-        device = f"cuda:{rank}" if kind == "cuda" else "cpu"
-        if kind == "cuda":
-            torch.cuda.set_device(rank)
-        else:
-            torch.set_num_threads(max(1, threads))
+        device = worker_device(torch, kind, rank, threads)
         size = 8192 if kind == "cuda" else 384
         out["fp32"] = _measure_matmul(torch, device, torch.float32, size, seconds)
         out["bf16"] = _measure_matmul(torch, device, torch.bfloat16, size, seconds)
         out["copy"] = _measure_copy(torch, device, (1 << 30) if kind == "cuda" else (32 << 20), seconds)
-        dist.init_process_group(
-            "nccl" if kind == "cuda" else "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=60),
-        )
+        join_group("nccl" if kind == "cuda" else "gloo", port, rank, world, 60)
         i = torch.arange(ALLREDUCE_ELEMENTS, dtype=torch.float32, device=device) % 1024
         t = i * (rank + 1)
         dist.all_reduce(t)  # warm-up and correctness: sum over ranks of (rank+1) * i, exact in fp32
@@ -224,6 +211,26 @@ def _worker(rank: int, world: int, port: int, kind: str, threads: int, seconds: 
     except Exception as e:  # reported as a failed check, never swallowed
         out["error"] = f"{type(e).__name__}: {e}"
     results.put(out)
+
+
+def worker_device(torch: Any, kind: str, rank: int, threads: int) -> str:
+    """A worker's device, made its own: GPU ``rank``, or the CPU with ``threads`` intra-op threads."""
+    if kind == "cuda":
+        torch.cuda.set_device(rank)
+        return f"cuda:{rank}"
+    torch.set_num_threads(max(1, threads))
+    return "cpu"
+
+
+def join_group(backend: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+    """Join the workers' process group through a TCP rendezvous on 127.0.0.1 (Gloo's traffic on loopback too)."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout
+    )
 
 
 def spawn_workers(
