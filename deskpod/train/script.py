@@ -46,13 +46,12 @@ from deskpod.train.launcher import (
     environment,
     failure_traceback,
     launch_config,
-    quiet_torchelastic,
     rank_affinity_map,
     resolve_devices,
     worker_env,
 )
 from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
-from deskpod.train.world import NodeWorld, check_port_free, slurm_world
+from deskpod.train.world import NodeWorld, slurm_world
 
 RUN_FILE = "run.json"
 
@@ -337,11 +336,7 @@ def launch_script(run: ScriptRun, *, out: TextIO | None = None, err: TextIO | No
 
     out, err = out or sys.stdout, err or sys.stderr
     _write_run_file(run)
-    quiet_torchelastic()
-    world = run.world
-    if world is not None:
-        check_port_free(world)
-    config = launch_config(world, len(run.devices), run.max_restarts, run.logs / "agent", "deskpod-run")
+    config = launch_config(run.world, len(run.devices), run.max_restarts, run.logs / "agent", "deskpod-run")
     env = {**worker_env(run.kind, run.devices), "DESKPOD_RUN_DIR": str(run.run_dir)}
     start = time.monotonic()
     state, code = "completed", 0
