@@ -338,13 +338,8 @@ def place(topology: Topology, free: Collection[int], k: int, *, policy: str = "b
                 best_choice = cand
         assert best_choice is not None
         chosen = best_choice[1]
-        return _placement(
-            topology,
-            t,
-            chosen,
-            free_mask,
-            f"inside {pname!r} block {_span(next(b for b in fits if _mask(b) & chosen == chosen))}: ",
-        )
+        block = next(b for b in fits if _mask(b) & chosen == chosen)
+        return _placement(topology, t, chosen, free_mask, f"inside {pname!r} block {_span(block)}: ")
 
     required = None
     if mode == "best" and t.can_ever_ring_on_nvlink(k):
