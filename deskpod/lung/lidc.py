@@ -238,11 +238,8 @@ def _polygon_diameters(points: npt.NDArray[np.float64], counts: npt.NDArray[np.i
 
 def digest(path: Path) -> str:
     """The SHA-256 of a file (hex)."""
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_table(table: Path) -> list[Reading]:
