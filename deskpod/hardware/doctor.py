@@ -337,14 +337,11 @@ def run_doctor(*, seconds: float = 0.2, timeout: float = 120.0) -> DoctorReport:
 
 def _peer_checks(kind: str, world: int) -> list[Check]:
     """GPU peer copy bandwidth for every pair, against the link bandwidth the topology gives."""
-    if kind != "cuda":
-        return [
-            Check(
-                "all", "peer bandwidth", "skip", note="no GPUs: CPU slots share one memory (peer copies do not apply)"
-            )
-        ]
-    if world < 2:
-        return [Check("all", "peer bandwidth", "skip", note="one GPU: no pairs")]
+    if kind != "cuda" or world < 2:
+        why = (
+            "one GPU: no pairs" if kind == "cuda" else "no GPUs: CPU slots share one memory (peer copies do not apply)"
+        )
+        return [Check("all", "peer bandwidth", "skip", note=why)]
     import torch
 
     from deskpod.hardware.nvml_topology import local_topology
