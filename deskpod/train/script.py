@@ -50,7 +50,7 @@ from deskpod.train.launcher import (
     resolve_devices,
     worker_env,
 )
-from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
+from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE, Under
 from deskpod.train.world import NodeWorld, slurm_world
 
 RUN_FILE = "run.json"
@@ -75,9 +75,7 @@ class ScriptRun:
     def world_size(self) -> int:
         return len(self.devices) * (self.world.nodes if self.world else 1)
 
-    @property
-    def logs(self) -> Path:
-        return self.run_dir / "logs"
+    logs = Under("logs", "run_dir")
 
 
 def check_target(target: Sequence[str], cwd: Path | None = None) -> tuple[str, ...]:
@@ -306,8 +304,7 @@ class OutputWatch:
         due = {r: s for r, s in quiet.items() if s >= 2 * self._warned.get(r, self.run.stall_after_s / 2)}
         if not due:
             return
-        for r, s in due.items():
-            self._warned[r] = s
+        self._warned.update(due)
         talking = {r: now - t for r, (_, t) in self._last.items() if r not in quiet}
         names = ", ".join(f"rank {r}" for r in sorted(due))
         others = (
