@@ -284,7 +284,6 @@ def run_doctor(*, seconds: float = 0.2, timeout: float = 120.0) -> DoctorReport:
     results = spawn_workers(_worker, world, (kind, threads, seconds), timeout)
     labels = [d.label for d in inventory.devices]
     spec_of: dict[str, float] = {}
-    spec_note = ""
     spec_source = ""
     if kind == "cuda":
         found = gpu_spec(inventory.devices[0].name)

@@ -273,12 +273,10 @@ def ring_order(topology: Topology, devices: Sequence[int]) -> tuple[int, ...]:
 
 
 def _tables(topology: Topology) -> _Tables:
-    cache: dict[str, Any] = topology._cache
-    t = cache.get("placement")
-    if t is None:
-        t = _Tables(topology)
-        cache["placement"] = t
-    return t
+    cache: dict[str, _Tables] = topology._cache
+    if "placement" not in cache:
+        cache["placement"] = _Tables(topology)
+    return cache["placement"]
 
 
 def _noun(topology: Topology, k: int) -> str:
