@@ -32,6 +32,7 @@ from deskpod.cluster import slurm
 from deskpod.envs.userfiles import read_path
 from deskpod.errors import ConfigError, DeviceError
 from deskpod.jobs.spec import SLURM_DEFAULTS, JobSpec, parse_spec, without_nulls
+from deskpod.train.runs import Under
 
 CHECKPOINT_SIGNAL = "USR2"
 """What Slurm sends before the time limit (``--signal=USR2@T``): deskpod's trainer checkpoints and exits
@@ -46,28 +47,14 @@ class JobFiles:
 
     folder: Path
 
-    @property
-    def spec(self) -> Path:
-        return self.folder / "job.json"
-
-    @property
-    def script(self) -> Path:
-        return self.folder / "job.sbatch"
-
-    @property
-    def attempts(self) -> Path:
-        return self.folder / "attempts.json"
-
-    @property
-    def slurm_id(self) -> Path:
-        return self.folder / "slurm_id"
+    spec = Under("job.json", "folder")
+    script = Under("job.sbatch", "folder")
+    attempts = Under("attempts.json", "folder")
+    slurm_id = Under("slurm_id", "folder")
+    run_dir = Under("runs", "folder")
 
     def log(self, attempt: int) -> Path:
         return self.folder / "logs" / f"attempt-{attempt}.log"
-
-    @property
-    def run_dir(self) -> Path:
-        return self.folder / "runs"
 
     def read_spec(self) -> JobSpec:
         try:
@@ -130,7 +117,7 @@ def devices_per_node(spec: JobSpec, part: slurm.Partition) -> int:
 def sbatch_script(spec: JobSpec, files: JobFiles, *, version: slurm.Version, partition: slurm.Partition,
                   python: str = sys.executable) -> str:  # fmt: skip
     """The batch script of ``spec`` for this Slurm version and partition."""
-    n, per_node = spec.nodes, devices_per_node(spec, partition)
+    n, per_node, options = spec.nodes, devices_per_node(spec, partition), slurm_options(spec)
     opts = [f"--job-name=deskpod:{spec.name}", f"--nodes={n}", f"--ntasks={n}"]
     if partition.gpus_per_node:
         opts += slurm.gpu_options(version, per_node)
@@ -138,13 +125,11 @@ def sbatch_script(spec: JobSpec, files: JobFiles, *, version: slurm.Version, par
         opts.append(f"--cpus-per-task={per_node}")
     opts += [f"--partition={partition.name}", f"--output={files.folder}/slurm-%j.out", "--open-mode=append",
              "--requeue", f"--comment=deskpod:{files.folder}"]  # fmt: skip
-    for key in ("account", "qos"):
-        if slurm_options(spec).get(key):
-            opts.append(f"--{key}={slurm_options(spec)[key]}")
+    opts += [f"--{key}={options[key]}" for key in ("account", "qos") if options.get(key)]
     limit = time_limit(spec.max_runtime)
     if limit:
         opts.append(f"--time={limit}")
-        before = int(slurm_options(spec).get("signal_before_s", 0))
+        before = int(options.get("signal_before_s", 0))
         if before:
             opts.append(f"--signal={CHECKPOINT_SIGNAL}@{before}")
     if spec.workdir:

@@ -20,7 +20,7 @@ from deskpod.cluster import slurm
 from deskpod.cluster.batch import JobFiles, read_attempts, submit
 from deskpod.environment import Environment
 from deskpod.environment.files import write_json
-from deskpod.errors import NotFoundError
+from deskpod.errors import ConfigError, NotFoundError
 from deskpod.jobs.joblog import read_log
 from deskpod.jobs.spec import parse_spec
 from deskpod.jobs.states import FINAL, JobState
@@ -98,7 +98,7 @@ class SlurmClient:
     def jobs(self, *, state: str | None = None, limit: int = 1000, user: str | None = None,
              name: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
         if state is not None and state not in {s.value for s in JobState}:
-            _bad_state(state)
+            raise ConfigError(f"--state {state!r}: valid states are {', '.join(s.value for s in JobState)}")
         by_id = self._by_id()
         ids = (
             sorted((p.name for p in by_id.iterdir() if p.name.isdigit()), key=int, reverse=True)
@@ -137,9 +137,3 @@ class SlurmClient:
             time.sleep(0.2)
             row = self.job(job_id)
         return row
-
-
-def _bad_state(state: str) -> None:
-    from deskpod.errors import ConfigError
-
-    raise ConfigError(f"--state {state!r}: valid states are {', '.join(s.value for s in JobState)}")

@@ -567,11 +567,8 @@ def _remove(scratch: Path, root: Path) -> None:
 
 # --------------------------------------------------------------------------- copy, hash, repair
 def _hash_file(path: Path) -> str:
-    h = hashlib.new(ALGORITHM)
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, ALGORITHM).hexdigest()
 
 
 def _copy_file(src: Path, dst: Path, size: int, mtime_ns: int) -> str:

@@ -20,18 +20,15 @@ Examples::
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from deskpod.comm.collectives import COLLECTIVES, CollectiveName, bus_factor, element_count
-from deskpod.environment.network import free_port
 from deskpod.errors import RunError, UsageError
-from deskpod.processes import stop_processes
+from deskpod.hardware.doctor import join_group, spawn_workers, worker_device
 
 Backend = Literal["auto", "gloo", "nccl"]
 DTYPES = ("float32", "bfloat16", "float16")
@@ -122,24 +119,11 @@ def worker_sweep(
     rank: int, world: int, port: int, backend: str, kind: str, threads: int, config: CommBenchConfig
 ) -> list[dict[str, Any]]:
     """One rank's whole sweep (runs in a worker process); every rank returns the same rows."""
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # rendezvous and traffic stay on loopback
-    import datetime
-
     import torch
     import torch.distributed as dist
 
-    device = torch.device(f"cuda:{rank}" if kind == "cuda" else "cpu")
-    if kind == "cuda":
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(threads)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=config.timeout_s),
-    )
+    device = torch.device(worker_device(torch, kind, rank, threads))
+    join_group(backend, port, rank, world, config.timeout_s)
     rows: list[dict[str, Any]] = []
     try:
         for name in config.collectives:
@@ -210,39 +194,6 @@ def _worker_main(
         out.put({"rank": rank, "rows": rows})
     except BaseException as e:  # reported to the parent, which names the failing rank
         out.put({"rank": rank, "error": f"{type(e).__name__}: {e}"})
-
-
-def spawn_workers(
-    target: Callable[..., None], world: int, args: tuple[Any, ...], timeout_s: float
-) -> list[dict[str, Any]]:
-    """Start ``world`` spawned processes running ``target(rank, world, port, *args, queue)``; collect one dict each.
-
-    Workers that die or overrun the timeout are terminated by pid and reported; nothing outlives the call.
-    """
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args, results), daemon=True) for r in range(world)]
-    for p in procs:
-        p.start()
-    got: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(got) < world and time.monotonic() < deadline:
-            try:
-                item = results.get(timeout=0.2)
-                got[item["rank"]] = item
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs) and all(p.exitcode is not None for p in procs):
-                    break
-    finally:
-        stop_processes(procs, deadline)
-    out = []
-    for r in range(world):
-        if r not in got:
-            got[r] = {"rank": r, "error": f"worker {r} did not report (exit code {procs[r].exitcode})"}
-        out.append(got[r])
-    return out
 
 
 def run_comm_bench(config: CommBenchConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:

@@ -35,19 +35,8 @@ from deskpod.errors import UsageError
 CollectiveName = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 COLLECTIVES: tuple[CollectiveName, ...] = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 ALIASES = {
-    "allreduce": "all_reduce",
-    "all-reduce": "all_reduce",
-    "ar": "all_reduce",
-    "allgather": "all_gather",
-    "all-gather": "all_gather",
-    "ag": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "reduce-scatter": "reduce_scatter",
-    "rs": "reduce_scatter",
-    "bcast": "broadcast",
-    "alltoall": "all_to_all",
-    "all-to-all": "all_to_all",
-    "a2a": "all_to_all",
+    **{name.replace("_", sep): name for name in COLLECTIVES for sep in ("-", "")},  # all-reduce, allreduce, ...
+    **{"ar": "all_reduce", "ag": "all_gather", "rs": "reduce_scatter", "bcast": "broadcast", "a2a": "all_to_all"},
 }
 
 

@@ -84,9 +84,7 @@ def parse_network(text: str) -> Network:
 
 def node_network(topology: Topology, devices: Sequence[int]) -> Network | None:
     """The NICs nearest to ``devices`` (their PCIe affinity), or None when the topology has none."""
-    names: set[str] = set()
-    for d in devices:
-        names.update(topology.nearest_nics(d))
+    names = {name for d in devices for name in topology.nearest_nics(d)}
     nics = [n for n in topology.nics if n.name in names and n.gbps > 0]
     if not nics:
         return None
@@ -187,9 +185,7 @@ def predict(
         hop: Hop = "net" if nodes > 1 else intra
         lat = (RING_BASE_US["Simple"] + RING_HOP_US[hop]["Simple"]) * 1e-6
         t = lat + max(t_intra, t_net)
-        consider(Prediction(collective, size, ranks, nodes, t, "p2p", "Simple", bw))
-        assert best is not None
-        return best
+        return Prediction(collective, size, ranks, nodes, t, "p2p", "Simple", bw)
     steps = 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
     inter = (2 if collective == "all_reduce" else 1) * (nodes - 1)
     factor = bus_factor(collective, ranks)

@@ -170,13 +170,11 @@ def _build_rings(topology: Topology, devs: tuple[int, ...]) -> RingSet:
     n = len(devs)
     if n == 1:
         return RingSet(devs, (), (), "none")
-    links = [[topology.link(a, b) for b in devs] for a in devs]
-    if topology.kind == "cpu" or all(links[i][j].kind == "shm" for i in range(n) for j in range(n) if i != j):
-        bw = min(links[i][j].bandwidth for i in range(n) for j in range(n) if i != j)
+    pairs = [topology.link(a, b) for a in devs for b in devs if a != b]
+    if topology.kind == "cpu" or all(lk.kind == "shm" for lk in pairs):
+        bw = min(lk.bandwidth for lk in pairs)
         return RingSet(devs, (devs,), (bw,), "shm", bw)
-    if topology.fabric is not None and all(
-        links[i][j].kind == "nvswitch" for i in range(n) for j in range(n) if i != j
-    ):
+    if topology.fabric is not None and all(lk.kind == "nvswitch" for lk in pairs):
         bw = topology.fabric.gpu_bandwidth
         return RingSet(devs, (devs,), (bw,), "fabric", bw)
     nv = {

@@ -29,6 +29,7 @@ ranks share (four per socket on a DGX-1), and how many threads a rank runs is th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -104,15 +105,10 @@ def numa_nodes(allowed: Iterable[int], node_dir: Path | None = None) -> tuple[tu
 
 def format_cpu_list(cpus: Iterable[int]) -> str:
     """The inverse of `parse_cpu_list`: ``(0, 1, 2, 5)`` -> ``0-2,5``."""
-    ordered = sorted(set(cpus))
     parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
+    for _, run in itertools.groupby(enumerate(sorted(set(cpus))), key=lambda ic: ic[1] - ic[0]):  # runs of +1
+        cores = [c for _, c in run]
+        parts.append(str(cores[0]) if len(cores) == 1 else f"{cores[0]}-{cores[-1]}")
     return ",".join(parts)
 
 

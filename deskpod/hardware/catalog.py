@@ -32,22 +32,9 @@ _SECTIONS: dict[str, tuple[str, ...]] = {
     "cpus": ("model", "count"),
     "system": ("power_w", "list_price_usd", "peak_fp16_tflops"),
 }
-_TOP = (
-    "name",
-    "title",
-    "aliases",
-    "kind",
-    "gpu",
-    "topology",
-    "topology_source",
-    "nvswitches",
-    "partitions",
-    "device",
-    "links",
-    "nics",
-    "cpus",
-    "system",
-)
+_TABLES = ("device", "links", "nics", "cpus", "system")
+"""The tables of sourced numbers a machine file may have (``peak_tflops`` lies inside ``device``)."""
+_TOP = ("name", "title", "aliases", "kind", "gpu", "topology", "topology_source", "nvswitches", "partitions", *_TABLES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +125,7 @@ def parse_machine(data: dict[str, Any], where: str) -> Machine:
         raise ConfigError(f"{where}: kind must be 'cuda' or 'cpu', got {data['kind']!r}")
     specs: dict[str, dict[str, Spec]] = {}
     texts: dict[str, str] = {}
-    for section in ("device", "links", "nics", "cpus", "system"):
+    for section in _TABLES:
         table = data.get(section, {})
         _check_keys(f"{where} [{section}]", table, _SECTIONS[section])
         specs[section] = {}

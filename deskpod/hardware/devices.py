@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 from deskpod.environment import Environment
@@ -63,7 +63,7 @@ class Inventory:
         if self.kind == "cpu":
             # The chosen slots share all the cores between them.
             per = max(1, self.cores // len(chosen))
-            chosen = [Device("cpu", d.index, d.name, d.memory_bytes, d.uuid, per) for d in chosen]
+            chosen = [replace(d, threads=per) for d in chosen]
         return tuple(chosen)
 
 
@@ -227,14 +227,8 @@ def cpu_inventory(env: Environment) -> Inventory:
                 f"{env.cpu_count} core{'s' if env.cpu_count != 1 else ''}, slots 0-{len(slots) - 1} (in a job pinned "
                 "to its cores the slots are numbered from 0)"
             )
-        mine = [slots[i] for i in env.cpu_slots]
-        cores = sum(s.threads for s in mine)
-        return Inventory(
-            "cpu",
-            tuple(Device("cpu", k, s.name, s.memory_bytes, threads=s.threads) for k, s in enumerate(mine)),
-            cores,
-            "cpu",
-        )
+        mine = tuple(replace(slots[i], index=k) for k, i in enumerate(env.cpu_slots))
+        return Inventory("cpu", mine, sum(s.threads for s in mine), "cpu")
     return Inventory("cpu", slots, env.cpu_count, "cpu")
 
 

@@ -17,10 +17,15 @@ them. The timed loops run after an untimed warm-up; correctness is checked outsi
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import multiprocessing as mp
+import os
+import queue
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -141,16 +146,7 @@ def _measure_matmul(torch: Any, device: str, dtype: Any, n: int, seconds: float)
     x = torch.randn(n, n, device=device).to(dtype)
     y = torch.randn(n, n, device=device).to(dtype)
     _sync(torch, device)
-    x @ y  # warm-up, untimed
-    _sync(torch, device)
-    reps, start = 0, time.perf_counter()
-    while True:
-        x @ y
-        reps += 1
-        _sync(torch, device)
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            break
+    reps, elapsed = _timed(torch, device, lambda: x @ y, seconds)
     return 2 * n**3 * reps / elapsed / 1e12, correct
 
 
@@ -158,18 +154,23 @@ def _measure_copy(torch: Any, device: str, nbytes: int, seconds: float) -> tuple
     """Copy bandwidth in GB/s (bytes read + bytes written), and whether the copy is exact."""
     src = torch.arange(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up, untimed
+    reps, elapsed = _timed(torch, device, lambda: dst.copy_(src), seconds)
+    correct = bool(torch.equal(dst, src))
+    return 2 * nbytes * reps / elapsed / 1e9, correct
+
+
+def _timed(torch: Any, device: str, step: Callable[[], object], seconds: float) -> tuple[int, float]:
+    """Run ``step`` once untimed (warm-up), then until ``seconds`` have passed: (repetitions, seconds taken)."""
+    step()
     _sync(torch, device)
     reps, start = 0, time.perf_counter()
     while True:
-        dst.copy_(src)
+        step()
         reps += 1
         _sync(torch, device)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
-            break
-    correct = bool(torch.equal(dst, src))
-    return 2 * nbytes * reps / elapsed / 1e9, correct
+            return reps, elapsed
 
 
 def _sync(torch: Any, device: str) -> None:
@@ -179,32 +180,17 @@ def _sync(torch: Any, device: str) -> None:
 
 def _worker(rank: int, world: int, port: int, kind: str, threads: int, seconds: float, results: Any) -> None:
     """One device's worker: measure it, then join the all-reduce. Sends one dict to ``results``."""
-    import os
-
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # rendezvous and traffic stay on loopback
-    import datetime
-
     import torch
     import torch.distributed as dist
 
     out: dict[str, Any] = {"rank": rank}
     try:
-        device = f"cuda:{rank}" if kind == "cuda" else "cpu"
-        if kind == "cuda":
-            torch.cuda.set_device(rank)
-        else:
-            torch.set_num_threads(max(1, threads))
+        device = worker_device(torch, kind, rank, threads)
         size = 8192 if kind == "cuda" else 384
         out["fp32"] = _measure_matmul(torch, device, torch.float32, size, seconds)
         out["bf16"] = _measure_matmul(torch, device, torch.bfloat16, size, seconds)
         out["copy"] = _measure_copy(torch, device, (1 << 30) if kind == "cuda" else (32 << 20), seconds)
-        dist.init_process_group(
-            "nccl" if kind == "cuda" else "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=60),
-        )
+        join_group("nccl" if kind == "cuda" else "gloo", port, rank, world, 60)
         i = torch.arange(ALLREDUCE_ELEMENTS, dtype=torch.float32, device=device) % 1024
         t = i * (rank + 1)
         dist.all_reduce(t)  # warm-up and correctness: sum over ranks of (rank+1) * i, exact in fp32
@@ -227,34 +213,57 @@ def _worker(rank: int, world: int, port: int, kind: str, threads: int, seconds: 
     results.put(out)
 
 
-def _run_workers(kind: str, world: int, threads: int, seconds: float, timeout: float) -> list[dict[str, Any]]:
+def worker_device(torch: Any, kind: str, rank: int, threads: int) -> str:
+    """A worker's device, made its own: GPU ``rank``, or the CPU with ``threads`` intra-op threads."""
+    if kind == "cuda":
+        torch.cuda.set_device(rank)
+        return f"cuda:{rank}"
+    torch.set_num_threads(max(1, threads))
+    return "cpu"
+
+
+def join_group(backend: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+    """Join the workers' process group through a TCP rendezvous on 127.0.0.1 (Gloo's traffic on loopback too)."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout
+    )
+
+
+def spawn_workers(
+    target: Callable[..., None], world: int, args: tuple[Any, ...], timeout_s: float
+) -> list[dict[str, Any]]:
+    """Start ``world`` spawned processes running ``target(rank, world, port, *args, queue)``; collect one dict each.
+
+    Workers that die or overrun the timeout are terminated by pid and reported; nothing outlives the call.
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [
-        ctx.Process(target=_worker, args=(r, world, port, kind, threads, seconds, results), daemon=True)
-        for r in range(world)
-    ]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, results), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
-    got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
+    got: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout_s
     try:
         while len(got) < world and time.monotonic() < deadline:
             try:
-                got.append(results.get(timeout=0.2))
-            except Exception:  # queue.Empty: check whether a worker died without reporting
+                item = results.get(timeout=0.2)
+                got[item["rank"]] = item
+            except queue.Empty:  # check whether a worker died without reporting
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
                 if dead and len(got) + len(dead) >= world:
                     break
     finally:
         stop_processes(procs, deadline, max_wait=float("inf"))
-    by_rank = {r["rank"]: r for r in got}
     for r in range(world):
-        if r not in by_rank:
+        if r not in got:
             code = procs[r].exitcode
-            by_rank[r] = {"rank": r, "error": f"worker {r} did not report (exit code {code}, timeout {timeout:.0f} s)"}
-    return [by_rank[r] for r in range(world)]
+            got[r] = {"rank": r, "error": f"worker {r} did not report (exit code {code}, timeout {timeout_s:.0f} s)"}
+    return [got[r] for r in range(world)]
 
 
 # ---------------------------------------------------------------- the check
@@ -272,10 +281,9 @@ def run_doctor(*, seconds: float = 0.2, timeout: float = 120.0) -> DoctorReport:
     kind = inventory.kind
     report = DoctorReport(kind=kind, devices=world)
     threads = max(1, inventory.cores // world) if kind == "cpu" else 0
-    results = _run_workers(kind, world, threads, seconds, timeout)
+    results = spawn_workers(_worker, world, (kind, threads, seconds), timeout)
     labels = [d.label for d in inventory.devices]
     spec_of: dict[str, float] = {}
-    spec_note = ""
     spec_source = ""
     if kind == "cuda":
         found = gpu_spec(inventory.devices[0].name)
@@ -319,18 +327,8 @@ def run_doctor(*, seconds: float = 0.2, timeout: float = 120.0) -> DoctorReport:
         busbw = min(r["allreduce"][0] for r in results)
         backend = "NCCL" if kind == "cuda" else "Gloo on 127.0.0.1"
         bad = sum(wrong)
-        report.checks.append(
-            Check(
-                "all",
-                "all-reduce",
-                "fail" if bad else "pass",
-                busbw,
-                "GB/s",
-                None,
-                "",
-                f"{world} workers, {backend}, {ALLREDUCE_ELEMENTS} floats; {bad} wrong elements; bus bandwidth",
-            )
-        )
+        note = f"{world} workers, {backend}, {ALLREDUCE_ELEMENTS} floats; {bad} wrong elements; bus bandwidth"
+        report.checks.append(Check("all", "all-reduce", "fail" if bad else "pass", busbw, "GB/s", note=note))
     report.checks.extend(_peer_checks(kind, world))
     report.elapsed_s = time.perf_counter() - start
     return report
@@ -338,14 +336,11 @@ def run_doctor(*, seconds: float = 0.2, timeout: float = 120.0) -> DoctorReport:
 
 def _peer_checks(kind: str, world: int) -> list[Check]:
     """GPU peer copy bandwidth for every pair, against the link bandwidth the topology gives."""
-    if kind != "cuda":
-        return [
-            Check(
-                "all", "peer bandwidth", "skip", note="no GPUs: CPU slots share one memory (peer copies do not apply)"
-            )
-        ]
-    if world < 2:
-        return [Check("all", "peer bandwidth", "skip", note="one GPU: no pairs")]
+    if kind != "cuda" or world < 2:
+        why = (
+            "one GPU: no pairs" if kind == "cuda" else "no GPUs: CPU slots share one memory (peer copies do not apply)"
+        )
+        return [Check("all", "peer bandwidth", "skip", note=why)]
     import torch
 
     from deskpod.hardware.nvml_topology import local_topology
@@ -381,22 +376,17 @@ def _peer_checks(kind: str, world: int) -> list[Check]:
     return out
 
 
+def _cpuinfo(field: str) -> str:
+    """The first ``field`` line's value in ``/proc/cpuinfo``; empty when there is none."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith(field)), "")
+    return ""
+
+
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    return _cpuinfo("model name") or "unknown CPU"
 
 
 def _bf16_note() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        flags = ""
-    native = [x for x in ("amx_bf16", "avx512_bf16") if x in flags.split()]
+    native = [x for x in ("amx_bf16", "avx512_bf16") if x in _cpuinfo("flags").split()]
     return f"native bf16 ({', '.join(native)})" if native else "no native bf16 on this CPU (emulated)"

@@ -102,15 +102,9 @@ class _Tables:
         self.nvlink = [[a != b and topo.links[a][b].kind in ("nvlink", "nvswitch") for b in range(n)] for a in range(n)]
         # Closeness weight of a path class: one closer path outweighs up to 15 farther ones.
         self.close = [[0 if a == b else 16 ** (5 - self.rank[a][b]) for b in range(n)] for a in range(n)]
-        self.fast_mask = [sum(1 << b for b in range(n) if self.fast[a][b]) for a in range(n)]
         self.nvlink_mask = [sum(1 << b for b in range(n) if self.nvlink[a][b]) for a in range(n)]
         self.uniform = len(self.levels) <= 1
-        nvlink_levels = [
-            self.level[a][b]
-            for a in range(n)
-            for b in range(n)
-            if a != b and topo.links[a][b].kind in ("nvlink", "nvswitch")
-        ]
+        nvlink_levels = [self.level[a][b] for a in range(n) for b in range(n) if self.nvlink[a][b]]
         self.nvlink_min = min(nvlink_levels) if nvlink_levels else None
         self.ring: list[int] | None = None
         self.internal: list[float] | None = None
@@ -166,13 +160,12 @@ class _Tables:
             internal[s_mask] = internal[rest] + add
             internal_rank[s_mask] = internal_rank[rest] + add_rank
         self.ring, self.internal, self.internal_rank = ring, internal, internal_rank
-        nvlink_adj = [sum(1 << b for b in range(n) if self.nvlink[a][b]) for a in range(n)]
         clique = [0] * size
         for s_mask in range(1, size):
             low = s_mask & -s_mask
             v = low.bit_length() - 1
             # Either v is left out, or it is in and the rest comes from its NVLink neighbours.
-            clique[s_mask] = max(clique[s_mask ^ low], 1 + clique[s_mask & nvlink_adj[v]])
+            clique[s_mask] = max(clique[s_mask ^ low], 1 + clique[s_mask & self.nvlink_mask[v]])
         self.clique = clique
         for k in range(1, n + 1):
             masks = [sum(1 << d for d in c) for c in itertools.combinations(range(n), k)]
@@ -280,12 +273,10 @@ def ring_order(topology: Topology, devices: Sequence[int]) -> tuple[int, ...]:
 
 
 def _tables(topology: Topology) -> _Tables:
-    cache: dict[str, Any] = topology._cache
-    t = cache.get("placement")
-    if t is None:
-        t = _Tables(topology)
-        cache["placement"] = t
-    return t
+    cache: dict[str, _Tables] = topology._cache
+    if "placement" not in cache:
+        cache["placement"] = _Tables(topology)
+    return cache["placement"]
 
 
 def _noun(topology: Topology, k: int) -> str:
@@ -345,13 +336,8 @@ def place(topology: Topology, free: Collection[int], k: int, *, policy: str = "b
                 best_choice = cand
         assert best_choice is not None
         chosen = best_choice[1]
-        return _placement(
-            topology,
-            t,
-            chosen,
-            free_mask,
-            f"inside {pname!r} block {_span(next(b for b in fits if _mask(b) & chosen == chosen))}: ",
-        )
+        block = next(b for b in fits if _mask(b) & chosen == chosen)
+        return _placement(topology, t, chosen, free_mask, f"inside {pname!r} block {_span(block)}: ")
 
     required = None
     if mode == "best" and t.can_ever_ring_on_nvlink(k):

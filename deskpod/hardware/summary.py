@@ -5,6 +5,7 @@ The JSON (schema ``deskpod.topo/1``) is for scripts; every key is documented in 
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from deskpod.hardware.placement import Placement, place
@@ -96,13 +97,7 @@ def describe(topology: Topology) -> dict[str, Any]:
         },
         "devices": [
             {
-                "index": d.index,
-                "label": d.label,
-                "model": d.model,
-                "memory_gb": d.memory_gb,
-                "compute_capability": d.compute_capability,
-                "numa_node": d.numa_node,
-                "cpu_affinity": d.cpu_affinity,
+                **asdict(d),
                 "nvlinks": topology.nvlink_degree(d.index),
                 "nearest_nics": list(topology.nearest_nics(d.index)),
             }

@@ -318,14 +318,8 @@ def build_links(
     """
     n = len(tokens)
     if fabric is None:
-        totals = []
-        for row in tokens:
-            total = 0
-            for t in row:
-                m = re.fullmatch(r"NV(\d+)", t.strip().upper())
-                total += int(m.group(1)) if m else 0
-            totals.append(total)
-        fabric = any(t > MAX_NVLINKS_PER_GPU for t in totals)
+        per_gpu = [sum(parse_link_token(t, model, fabric=False).links for t in row) for row in tokens]
+        fabric = any(total > MAX_NVLINKS_PER_GPU for total in per_gpu)
     links = tuple(tuple(parse_link_token(tokens[a][b], model, fabric=fabric) for b in range(n)) for a in range(n))
     fab = None
     if fabric:

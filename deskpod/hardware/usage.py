@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -113,13 +113,7 @@ class GpuUse:
     memory_total: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "utilization": self.utilization,
-            "memory_used": self.memory_used,
-            "memory_total": self.memory_total,
-        }
+        return asdict(self)
 
 
 class GpuUsageQuery(Protocol):

@@ -11,9 +11,8 @@ from pathlib import Path
 def phantom_reason(path: Path) -> str:
     """Why a scan is taken to be a phantom ("" when it is not): "phantom" in its path or a PHANTOM marker file."""
     resolved = path.resolve()
-    for part in resolved.parts:
-        if "phantom" in part.lower():
-            return f"'phantom' in its path ({resolved})"
+    if any("phantom" in part.lower() for part in resolved.parts):
+        return f"'phantom' in its path ({resolved})"
     for folder in [resolved if resolved.is_dir() else resolved.parent, *resolved.parents][:4]:
         for marker in ("PHANTOM", "PHANTOM.txt", "PHANTOM.md"):
             if (folder / marker).exists():

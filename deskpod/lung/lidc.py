@@ -43,7 +43,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -180,10 +180,8 @@ def readings(path: str | Path | None = None) -> list[Reading]:
     table.parent.mkdir(parents=True, exist_ok=True)
     out = io.StringIO(newline="")
     writer = csv.writer(out)
-    names = [f.name for f in fields(Reading)]
-    writer.writerow(names)
-    for r in got:
-        writer.writerow([getattr(r, name) for name in names])
+    writer.writerow([f.name for f in fields(Reading)])
+    writer.writerows(astuple(r) for r in got)
     write_text(table, out.getvalue(), mode=0o600)
     return got
 
@@ -238,11 +236,8 @@ def _polygon_diameters(points: npt.NDArray[np.float64], counts: npt.NDArray[np.i
 
 def digest(path: Path) -> str:
     """The SHA-256 of a file (hex)."""
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_table(table: Path) -> list[Reading]:

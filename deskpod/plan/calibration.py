@@ -236,30 +236,24 @@ def fit_stack(name: str) -> Factors:
     return FITS[name]()
 
 
+def _compared(stack: str, machine: str, p: Point, factors: Factors, fitted: bool, **first: str) -> dict[str, Any]:
+    """One published figure beside the prediction (``first``: columns that lead, after the stack and machine)."""
+    pred = predicted(p, factors, machine)
+    return {"stack": stack, "machine": machine, **first, "model": p.model, "devices": p.gpus, "precision": p.precision,
+            "data": p.data, "batch": p.batch, "fitted": fitted, "published": round(p.images_per_s, 1),
+            "predicted": round(pred, 1), "ratio": round(pred / p.images_per_s, 3)}  # fmt: skip
+
+
 def calibration_table(factors: Factors | None = None) -> list[dict[str, Any]]:
     """Every tf1-2017 calibration figure beside the model's prediction."""
-    factors = factors or TF1_2017.factors
-    out = []
-    for machine, p in [(MACHINE, p) for p in POINTS] + [(CPU_MACHINE, CPU_POINT)]:
-        pred = predicted(p, factors, machine)
-        out.append({"stack": TF1_2017.name, "machine": machine, "model": p.model, "devices": p.gpus,
-                    "precision": p.precision, "data": p.data, "batch": p.batch, "fitted": True,
-                    "published": round(p.images_per_s, 1), "predicted": round(pred, 1),
-                    "ratio": round(pred / p.images_per_s, 3)})  # fmt: skip
-    return out
+    points = [(MACHINE, p) for p in POINTS] + [(CPU_MACHINE, CPU_POINT)]
+    return [_compared(TF1_2017.name, m, p, factors or TF1_2017.factors, True) for m, p in points]
 
 
 def pytorch_2021_table(factors: Factors | None = None) -> list[dict[str, Any]]:
     """Every §4.1b figure beside stack pytorch-2021's prediction (``fitted`` False: shown, not fitted to)."""
-    factors = factors or PYTORCH_2021.factors
-    out = []
-    for p in DLE_POINTS:
-        pred = predicted(p, factors, DLE_MACHINE)
-        out.append({"stack": PYTORCH_2021.name, "machine": DLE_MACHINE, "system": p.label, "model": p.model,
-                    "devices": p.gpus, "precision": p.precision, "data": p.data, "batch": p.batch,
-                    "fitted": p.fitted, "published": round(p.images_per_s, 1), "predicted": round(pred, 1),
-                    "ratio": round(pred / p.images_per_s, 3)})  # fmt: skip
-    return out
+    f = factors or PYTORCH_2021.factors
+    return [_compared(PYTORCH_2021.name, DLE_MACHINE, p, f, p.fitted, system=p.label) for p in DLE_POINTS]
 
 
 def stack_table(name: str, factors: Factors | None = None) -> list[dict[str, Any]]:

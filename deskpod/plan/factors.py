@@ -73,7 +73,6 @@ class MachineFacts:
     peak_key: str
     memory_bandwidth_gbs: float
     power_w: float
-    power_source: str
     price_usd: float | None
     cpu_cores: int
     topology: Topology = field(repr=False)

@@ -154,7 +154,7 @@ def facts(m: Measurements, topology: Topology) -> MachineFacts:
     return MachineFacts(
         name=LOCAL, title=f"this box: {m.devices} {m.kind} device(s), measured", kind=m.kind, devices=m.devices,
         peak_tflops=m.peak_tflops, peak_key="measured matmul fp32", memory_bandwidth_gbs=m.memory_bandwidth_gbs,
-        power_w=0.0, power_source="unknown", price_usd=None, cpu_cores=m.cores, topology=topology,
+        power_w=0.0, price_usd=None, cpu_cores=m.cores, topology=topology,
     )  # fmt: skip
 
 

@@ -93,11 +93,11 @@ def _facts(name: str, precision: Precision) -> MachineFacts:
     system_power = m.spec("system", "power_w")
     device_power = m.spec("device", "power_w")
     if system_power:
-        power, psrc = system_power.value, "system power (catalog)"
+        power = system_power.value
     elif device_power:
-        power, psrc = device_power.value * m.device_count, "device power x devices (catalog; no system figure)"
+        power = device_power.value * m.device_count  # no system figure: the devices' together
     else:
-        power, psrc = 0.0, "unknown"
+        power = 0.0  # unknown
     price = m.spec("system", "list_price_usd")
     cores = 0
     for text in (m.texts.get("cpus.model", ""), m.texts.get("device.model", "")):
@@ -108,7 +108,7 @@ def _facts(name: str, precision: Precision) -> MachineFacts:
             break
     return MachineFacts(
         name=m.name, title=m.title, kind=m.kind, devices=m.device_count, peak_tflops=peak[0], peak_key=peak[1],
-        memory_bandwidth_gbs=bw.value, power_w=power, power_source=psrc, price_usd=price.value if price else None,
+        memory_bandwidth_gbs=bw.value, power_w=power, price_usd=price.value if price else None,
         cpu_cores=cores, topology=m.topology(),
     )  # fmt: skip
 

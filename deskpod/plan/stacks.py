@@ -72,7 +72,6 @@ PYTORCH_2021 = Stack(
         comm_efficiency=1.0,
         overlap=1.0,
         input_images_per_core=201.0,
-        cpu_compute_efficiency=Factors().cpu_compute_efficiency,
         gradient_bytes=4,
         input_overlap=True,
         sync_s=0.009327,

@@ -48,13 +48,12 @@ class ModelCost:
 
 _COMPUTED = "computed: FlopCounterMode on torchvision.models.{}() at 1x3x224x224 (torch 2.14, torchvision 0.29)"
 MODELS: dict[str, ModelCost] = {
-    "alexnet": ModelCost("alexnet", 1.42837696, 61.10084, 1.098216, _COMPUTED.format("alexnet"), conv_io_m=0.822784),
-    "resnet18": ModelCost(
-        "resnet18", 3.628146688, 11.689512, 7.477736, _COMPUTED.format("resnet18"), conv_io_m=4.666368
-    ),
-    "resnet50": ModelCost(
-        "resnet50", 8.178368512, 25.557032, 32.040424, _COMPUTED.format("resnet50"), conv_io_m=21.776384
-    ),
+    name: ModelCost(name, gflops, params_m, activations_m, _COMPUTED.format(name), conv_io_m=conv_io_m)
+    for name, gflops, params_m, activations_m, conv_io_m in (
+        ("alexnet", 1.42837696, 61.10084, 1.098216, 0.822784),
+        ("resnet18", 3.628146688, 11.689512, 7.477736, 4.666368),
+        ("resnet50", 8.178368512, 25.557032, 32.040424, 21.776384),
+    )
 }
 
 

@@ -79,7 +79,6 @@ class Pending:
     signature: tuple[tuple[int, ...], ...]  # non-batch shape of each input: only equal ones merge
     arrived: float
     future: asyncio.Future[dict[str, np.ndarray]]
-    dispatched: float = 0.0
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
@@ -316,7 +315,6 @@ class Batcher:
                 continue
             now = self.clock()
             for p in batch:
-                p.dispatched = now
                 self.stats.record_queue(now - p.arrived)
             try:
                 if self._inline(batch):

@@ -47,10 +47,10 @@ from tritonclient.grpc import service_pb2 as pb
 from deskpod import __version__
 from deskpod.errors import DeskpodError, UsageError
 from deskpod.serve.batcher import ModelUnavailable
-from deskpod.serve.images import classify, decode_inputs, decoder_pool, preprocess_of
-from deskpod.serve.protocol import DATATYPES, DTYPES, InferRequest, ProtocolError, _bytes_tensor, _raw, datatype_of
+from deskpod.serve.images import decode_inputs, decoder_pool, preprocess_of
+from deskpod.serve.protocol import DATATYPES, DTYPES, InferRequest, ProtocolError, _raw, datatype_of, raw_tensor
 from deskpod.serve.registry import ModelNotFound
-from deskpod.serve.server import EXTENSIONS, App, admit, check_inputs, metadata, status_of, submit
+from deskpod.serve.server import EXTENSIONS, App, admit, check_inputs, metadata, outputs_of, status_of, submit
 
 log = logging.getLogger("deskpod.serve")
 SERVICE = "inference.GRPCInferenceService"
@@ -94,17 +94,7 @@ def decode_infer_request(msg: Any) -> InferRequest:
             raise ProtocolError(f"input {name!r}: shape must be a list of non-negative integers, got {list(shape)}")
         count = math.prod(shape)
         if raw:
-            data = raw[i]
-            if datatype == "BYTES":
-                arr = _bytes_tensor(data, count, name)
-            else:
-                dt = DTYPES[datatype]
-                if len(data) != count * dt.itemsize:
-                    raise ProtocolError(
-                        f"input {name!r}: shape {list(shape)} of {datatype} needs {count * dt.itemsize} bytes, "
-                        f"raw_input_contents has {len(data)}"
-                    )
-                arr = np.frombuffer(data, dtype=dt)
+            arr = raw_tensor(raw[i], shape, datatype, name, "raw_input_contents has")
         else:
             field = CONTENTS.get(datatype)
             if field is None:
@@ -241,16 +231,7 @@ class GrpcService:
     @staticmethod
     def _finish(lv: Any, req: InferRequest, classes: dict[str, int], t0: float, fut: asyncio.Future[Any]) -> Any:
         """The ModelInferResponse of a request whose future is done (or its error, raised); counted either way."""
-        exc = fut.exception()
-        lv.stats.record_request(time.perf_counter() - t0, exc is None)
-        if exc is not None:
-            raise exc
-        outputs = fut.result()
-        if req.outputs is not None:
-            outputs = {n: outputs[n] for n in req.outputs}
-        for name, k in classes.items():  # Triton's classification extension: top-k strings, not the tensor
-            outputs[name] = classify(outputs, name, lv.config.labels, k)
-        return encode_infer_response(lv.config.name, lv.version, req.id, outputs)
+        return encode_infer_response(lv.config.name, lv.version, req.id, outputs_of(lv, req, classes, t0, fut))
 
     async def model_infer(self, request: Any, context: Any) -> Any:
         t0 = time.perf_counter()

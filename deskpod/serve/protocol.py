@@ -98,6 +98,20 @@ def _bytes_tensor(raw: bytes | memoryview, count: int, name: str) -> np.ndarray:
     return out
 
 
+def raw_tensor(raw: bytes | memoryview, shape: tuple[int, ...], datatype: str, name: str, said: str) -> np.ndarray:
+    """Input ``name``'s flat values from its bytes; `ProtocolError` when they are not ``shape``'s size (``said``
+    names where the size came from: ``binary_data_size is``, ``raw_input_contents has``)."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _bytes_tensor(raw, count, name)
+    dt = DTYPES[datatype]
+    if len(raw) != count * dt.itemsize:
+        raise ProtocolError(
+            f"input {name!r}: shape {list(shape)} of {datatype} needs {count * dt.itemsize} bytes, {said} {len(raw)}"
+        )
+    return np.frombuffer(raw, dtype=dt)
+
+
 def _shape(value: Any, name: str) -> tuple[int, ...]:
     if type(value) is list:
         for d in value:
@@ -194,18 +208,8 @@ def decode_request(body: bytes, header_length: int | None) -> InferRequest:
                     f"input {name!r}: binary_data_size {size!r} runs past the end of the body "
                     f"({len(body) - pos} bytes left)"
                 )
-            raw = view[pos : pos + size]
+            arr = raw_tensor(view[pos : pos + size], shape, datatype, name, "binary_data_size is")
             pos += size
-            if datatype == "BYTES":
-                arr = _bytes_tensor(raw, count, name)
-            else:
-                dt = DTYPES[datatype]
-                if size != count * dt.itemsize:
-                    raise ProtocolError(
-                        f"input {name!r}: shape {list(shape)} of {datatype} needs {count * dt.itemsize} bytes, "
-                        f"binary_data_size is {size}"
-                    )
-                arr = np.frombuffer(raw, dtype=dt)
         else:
             data = spec.get("data")
             if data is None:
@@ -266,6 +270,19 @@ def _json_data(arr: np.ndarray) -> list[Any]:
     return arr.reshape(-1).tolist()  # type: ignore[no-any-return]
 
 
+def _tensor(name: str, arr: np.ndarray, binary: bool, blobs: list[bytes]) -> dict[str, Any]:
+    """One tensor of a request's or response's head: its values in ``data``, or (``binary``) appended to ``blobs``
+    with their size in the head."""
+    t: dict[str, Any] = {"name": name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
+    if binary:
+        raw = _raw(arr)
+        t["parameters"] = {"binary_data_size": len(raw)}
+        blobs.append(raw)
+    else:
+        t["data"] = _json_data(arr)
+    return t
+
+
 def _head_json(head: dict[str, Any], values: bool) -> bytes:
     """A response's JSON head. Without tensor values in it, orjson writes the same JSON about 20x faster (names as
     UTF-8 rather than escapes); with values, the standard library does (its float text, NaN as Python writes it),
@@ -288,17 +305,9 @@ def encode_response(
     head: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         head["id"] = request.id
-    tensors: list[dict[str, Any]] = []
     blobs: list[bytes] = []
-    for name, arr in outputs.items():
-        t: dict[str, Any] = {"name": name, "datatype": datatype_of(arr.dtype), "shape": list(arr.shape)}
-        if request.binary_outputs.get(name, request.binary_default):
-            raw = _raw(arr)
-            t["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            t["data"] = _json_data(arr)
-        tensors.append(t)
+    binary = request.binary_outputs
+    tensors = [_tensor(n, a, binary.get(n, request.binary_default), blobs) for n, a in outputs.items()]
     head["outputs"] = tensors
     js = _head_json(head, values=len(blobs) < len(tensors))
     if not blobs:
@@ -310,17 +319,8 @@ def encode_request(
     inputs: dict[str, np.ndarray], *, binary: bool = True, outputs: list[str] | None = None, binary_outputs: bool = True
 ) -> tuple[bytes, int | None]:
     """An infer request body (used by the load generator and tests); the JSON header length when binary."""
-    head: dict[str, Any] = {"inputs": []}
     blobs: list[bytes] = []
-    for name, arr in inputs.items():
-        t: dict[str, Any] = {"name": name, "shape": list(arr.shape), "datatype": datatype_of(arr.dtype)}
-        if binary:
-            raw = _raw(arr)
-            t["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            t["data"] = _json_data(arr)
-        head["inputs"].append(t)
+    head: dict[str, Any] = {"inputs": [_tensor(name, arr, binary, blobs) for name, arr in inputs.items()]}
     if outputs is not None:
         head["outputs"] = [{"name": o, "parameters": {"binary_data": binary_outputs}} for o in outputs]
     elif binary_outputs:

@@ -181,6 +181,23 @@ def submit(
         raise
 
 
+def outputs_of(
+    lv: LoadedVersion, req: InferRequest, classes: dict[str, int], t0: float, fut: asyncio.Future[Any]
+) -> dict[str, np.ndarray]:
+    """What a request whose future is done answers with (its error, raised); counted either way. The outputs it
+    asked for, each of ``classes`` as its top-k class strings (Triton's classification extension), not the tensor."""
+    exc = fut.exception()
+    lv.stats.record_request(time.perf_counter() - t0, exc is None)
+    if exc is not None:
+        raise exc
+    outputs: dict[str, np.ndarray] = fut.result()
+    if req.outputs is not None:
+        outputs = {n: outputs[n] for n in req.outputs}
+    for n, k in classes.items():
+        outputs[n] = classify(outputs, n, lv.config.labels, k)
+    return outputs
+
+
 class App:
     """Routing and handlers; one per server, shared by every connection."""
 
@@ -343,18 +360,13 @@ class App:
         req: InferRequest,
         t0: float,
         fut: asyncio.Future[Any],
-        classes: dict[str, int] | None = None,
+        classes: dict[str, int],
     ) -> None:
-        exc = fut.exception()
-        lv.stats.record_request(time.perf_counter() - t0, exc is None)
-        if exc is not None:
-            conn.respond_error(exc)
+        try:
+            outputs = outputs_of(lv, req, classes, t0, fut)
+        except Exception as e:
+            conn.respond_error(e)
             return
-        outputs = fut.result()
-        if req.outputs is not None:
-            outputs = {n: outputs[n] for n in req.outputs}
-        for n, k in (classes or {}).items():  # Triton's classification extension: top-k strings, not the tensor
-            outputs[n] = classify(outputs, n, lv.config.labels, k)
         body, hl = encode_response(lv.config.name, lv.version, outputs, req)
         conn.respond(200, body, b"application/octet-stream" if hl is not None else b"application/json", hl)
 

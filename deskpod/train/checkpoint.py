@@ -12,7 +12,6 @@ never code to run.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,8 +48,7 @@ def save_atomic(state: dict[str, Any], path: Path, *, before_rename: Callable[[]
 def prune(run_dir: Path, keep: int) -> None:
     """Delete all but the ``keep`` latest checkpoints, and temporary files a crash left behind."""
     for p in list_checkpoints(run_dir)[:-keep]:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+        p.unlink(missing_ok=True)
     d = checkpoint_dir(run_dir)
     if d.is_dir():
         for p in files.leftovers(d, "step-*"):

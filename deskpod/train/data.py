@@ -17,6 +17,7 @@ same code for every dataset.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -156,9 +157,7 @@ def read_idx(path: Path) -> torch.Tensor:
         raise DataError(f"{path}: not an IDX file of unsigned bytes (magic {raw[:4].hex()})")
     dims = struct.unpack(">" + "I" * ndim, raw[4 : 4 + 4 * ndim])
     body = raw[4 + 4 * ndim :]
-    expected = 1
-    for d in dims:
-        expected *= d
+    expected = math.prod(dims)
     if len(body) != expected:
         raise DataError(f"{path}: truncated IDX file ({len(body)} of {expected} bytes)")
     return torch.frombuffer(bytearray(body), dtype=torch.uint8).reshape(dims)

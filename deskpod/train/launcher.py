@@ -336,10 +336,7 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
     )
     progress.event("launch", run_dir=str(plan.run_dir), devices=[d.label for d in plan.devices],
                    text=f"deskpod: {what} → {plan.run_dir}")  # fmt: skip
-    quiet_torchelastic()
     world = plan.world
-    if world is not None:
-        check_port_free(world)
     # The agent's error files live in logs/; workers send their own stderr there too (see worker.py).
     log_dir = plan.run_dir / "logs" / (f"node{world.node_rank}" if world else "")
     config = launch_config(world, len(plan.devices), plan.cfg.max_restarts, log_dir, "deskpod")
@@ -370,10 +367,14 @@ def launch(plan: Plan, mode: Mode = "lines", *, timing_skip_steps: int | None = 
 
 
 def launch_config(world: NodeWorld | None, nproc: int, max_restarts: int, log_dir: Path, run_id_prefix: str) -> Any:
-    """The elastic agent's `LaunchConfig` for one box or one node of many (``deskpod train``, ``deskpod run``)."""
+    """The elastic agent's `LaunchConfig` for one box or one node of many (``deskpod train``, ``deskpod run``), made
+    once torchelastic is quieted and (many nodes) the rendezvous port is known to be free."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
 
+    quiet_torchelastic()
+    if world is not None:
+        check_port_free(world)
     return LaunchConfig(
         min_nodes=world.nodes if world else 1,
         max_nodes=world.nodes if world else 1,

@@ -34,45 +34,33 @@ NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}$")
 NAME_HELP = f"1-{NAME_MAX} letters, digits, '.', '_' or '-' starting with a letter or digit"
 
 
+class Under:
+    """A path under a folder object's ``base`` attribute, as a read-only attribute: ``config = Under("config.toml")``."""
+
+    def __init__(self, name: str, base: str = "root") -> None:
+        self.name, self.base = name, base
+
+    def __get__(self, obj: object, owner: type | None = None) -> Path:
+        folder: Path = getattr(obj, self.base)
+        return folder / self.name
+
+
 @dataclass(frozen=True, slots=True)
 class RunPaths:
     root: Path
 
-    @property
-    def config(self) -> Path:
-        return self.root / "config.toml"
-
-    @property
-    def launch(self) -> Path:
-        return self.root / "launch.json"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
-
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / "tb"
+    config = Under("config.toml")
+    launch = Under("launch.json")
+    metrics = Under("metrics.jsonl")
+    summary = Under("summary.json")
+    tensorboard = Under("tb")
+    logs = Under("logs")
+    workers = Under("workers")
+    plots = Under("plots")
 
     @property
     def checkpoints(self) -> Path:
         return checkpoint_dir(self.root)
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def workers(self) -> Path:
-        return self.root / "workers"
-
-    @property
-    def plots(self) -> Path:
-        return self.root / "plots"
 
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.pt$")

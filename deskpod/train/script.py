@@ -46,13 +46,12 @@ from deskpod.train.launcher import (
     environment,
     failure_traceback,
     launch_config,
-    quiet_torchelastic,
     rank_affinity_map,
     resolve_devices,
     worker_env,
 )
-from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
-from deskpod.train.world import NodeWorld, check_port_free, slurm_world
+from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE, Under
+from deskpod.train.world import NodeWorld, slurm_world
 
 RUN_FILE = "run.json"
 
@@ -76,9 +75,7 @@ class ScriptRun:
     def world_size(self) -> int:
         return len(self.devices) * (self.world.nodes if self.world else 1)
 
-    @property
-    def logs(self) -> Path:
-        return self.run_dir / "logs"
+    logs = Under("logs", "run_dir")
 
 
 def check_target(target: Sequence[str], cwd: Path | None = None) -> tuple[str, ...]:
@@ -307,8 +304,7 @@ class OutputWatch:
         due = {r: s for r, s in quiet.items() if s >= 2 * self._warned.get(r, self.run.stall_after_s / 2)}
         if not due:
             return
-        for r, s in due.items():
-            self._warned[r] = s
+        self._warned.update(due)
         talking = {r: now - t for r, (_, t) in self._last.items() if r not in quiet}
         names = ", ".join(f"rank {r}" for r in sorted(due))
         others = (
@@ -337,11 +333,7 @@ def launch_script(run: ScriptRun, *, out: TextIO | None = None, err: TextIO | No
 
     out, err = out or sys.stdout, err or sys.stderr
     _write_run_file(run)
-    quiet_torchelastic()
-    world = run.world
-    if world is not None:
-        check_port_free(world)
-    config = launch_config(world, len(run.devices), run.max_restarts, run.logs / "agent", "deskpod-run")
+    config = launch_config(run.world, len(run.devices), run.max_restarts, run.logs / "agent", "deskpod-run")
     env = {**worker_env(run.kind, run.devices), "DESKPOD_RUN_DIR": str(run.run_dir)}
     start = time.monotonic()
     state, code = "completed", 0

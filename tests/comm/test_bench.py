@@ -88,4 +88,4 @@ def test_a_dead_worker_is_named_not_waited_for() -> None:
 
     got = spawn_workers(_fails_on_rank_1, 2, (), timeout_s=60)
     assert got[0] == {"rank": 0, "rows": []}
-    assert "worker 1 did not report (exit code 3)" in got[1]["error"]
+    assert "worker 1 did not report (exit code 3, timeout 60 s)" in got[1]["error"]
