@@ -23,8 +23,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("cluster", help="deskpod on a Slurm cluster: what each local rank gets")
-    cluster = p.add_subparsers(dest="cluster_command", metavar="WHAT")
-    cluster.required = True
+    cluster = p.add_subparsers(dest="cluster_command", metavar="WHAT", required=True)
     _register_env(cluster)
     _register_job_steps(cluster)
     _register_staging(cluster)
@@ -38,8 +37,7 @@ def _register_job_steps(cluster: argparse._SubParsersAction) -> None:  # type: i
     e.add_argument("folder", type=Path)
     e.set_defaults(func=run_launch)
     a = cluster.add_parser("attempt", help="(batch scripts) begin or end an attempt of the job in FOLDER")
-    steps = a.add_subparsers(dest="attempt_command", metavar="begin|end")
-    steps.required = True
+    steps = a.add_subparsers(dest="attempt_command", metavar="begin|end", required=True)
     b = steps.add_parser("begin", help="record a new attempt and print its number")
     b.add_argument("folder", type=Path)
     b.set_defaults(func=run_attempt_begin)

@@ -134,8 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("user", help="pod service users and tokens")
-    us = p.add_subparsers(dest="user_command", metavar="ACTION")
-    us.required = True
+    us = p.add_subparsers(dest="user_command", metavar="ACTION", required=True)
     q = us.add_parser("add", help="create a user and print its token (admin only)")
     q.add_argument("name")
     q.add_argument("--admin", action="store_true")
