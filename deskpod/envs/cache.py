@@ -61,7 +61,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -156,8 +156,8 @@ class BuiltEnv:
         return [self.folder / n for n in names if _is_file_beneath(self.folder, n)]
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "path": str(self.path), "python": str(self.python), "bin_dir": str(self.bin_dir),
-                "built": self.built, "seconds": round(self.seconds, 3), "freeze": str(self.freeze)}  # fmt: skip
+        paths = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        return {**paths, "seconds": round(self.seconds, 3)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +182,7 @@ class EnvEntry:
     run as the daemon's account)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "account": self.account, "folder": str(self.folder), "kind": self.kind,
-                "summary": self.summary, "python": self.python, "size_bytes": self.size_bytes,
-                "created": self.created, "last_used": self.last_used, "state": self.state,
-                "in_use": self.in_use}  # fmt: skip
+        return {**asdict(self), "folder": str(self.folder)}
 
 
 class EnvCache:
