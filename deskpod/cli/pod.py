@@ -184,7 +184,7 @@ def fleet_client(args: argparse.Namespace) -> Any:
 
 def up(args: argparse.Namespace) -> int:
     from deskpod.environment import Environment
-    from deskpod.environment.sizes import parse_duration
+    from deskpod.environment.sizes import parse_duration, parse_size
     from deskpod.envs.limits import LimitSettings, parse_job_memory, parse_job_tasks
     from deskpod.jobs.pod import PodConfig
 
@@ -205,7 +205,7 @@ def up(args: argparse.Namespace) -> int:
         allow_unsandboxed=args.allow_unsandboxed,
         unmapped_user=args.unmapped_user or None,
         env_cache=args.env_cache.expanduser().resolve() if args.env_cache else None,
-        env_cache_limit=_size(args.env_cache_limit),
+        env_cache_limit=None if args.env_cache_limit is None else parse_size(args.env_cache_limit),
         limits=LimitSettings(
             job_memory=parse_job_memory(args.job_memory),
             job_tasks=parse_job_tasks(args.job_tasks),
@@ -344,15 +344,6 @@ def environment_from_flags(spec: dict[str, Any], requirements: Path | None, pack
         if python:
             table["python"] = python
         spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
-
-
-def _size(text: str | None) -> int | None:
-    """``50G``, ``500M``: bytes; None for None."""
-    if text is None:
-        return None
-    from deskpod.environment.sizes import parse_size
-
-    return parse_size(text)
 
 
 def submit(args: argparse.Namespace) -> int:
