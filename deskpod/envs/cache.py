@@ -60,6 +60,7 @@ import shutil
 import stat
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -745,12 +746,8 @@ class EnvCache:
         whose lock is held. Returns what was removed (or, with ``dry_run``, what would be)."""
         found = [(tree, name, _inodes(tree.root, name)) for tree in self.trees() for name in tree._names()]
         entries = [(tree, tree._entry(name, inodes), inodes) for tree, name, inodes in found]
-        links: dict[tuple[int, int], int] = {}
-        sizes: dict[tuple[int, int], int] = {}
-        for _, _, table in found:
-            for ino, size in table.items():
-                links[ino] = links.get(ino, 0) + 1
-                sizes[ino] = size
+        links = Counter(ino for _, _, table in found for ino in table)  # how many of the folders hold each inode
+        sizes = {ino: size for _, _, table in found for ino, size in table.items()}
         total = sum(sizes.values())
         broken = [x for x in entries if x[1].state == "broken"]
         ready = sorted(
