@@ -45,8 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Every accelerator of this box for deep learning, with nothing to set up.",
     )
     parser.add_argument("--version", action="version", version=f"deskpod {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser

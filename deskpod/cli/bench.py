@@ -7,8 +7,7 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("bench", help="measure this box (training throughput, …)")
-    bench = p.add_subparsers(dest="bench_command", metavar="WHAT")
-    bench.required = True
+    bench = p.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
     register_train(bench)
     # `deskpod bench serve` (inference serving): its parser and handler live in deskpod/cli/serve.py.
     from deskpod.cli.serve import register_bench as register_serve

@@ -15,16 +15,13 @@ import argparse
 import json
 import shlex
 import sys
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from deskpod.hardware.topology import Topology
+from deskpod.cli.topo import find_topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("cluster", help="deskpod on a Slurm cluster: what each local rank gets")
-    cluster = p.add_subparsers(dest="cluster_command", metavar="WHAT")
-    cluster.required = True
+    cluster = p.add_subparsers(dest="cluster_command", metavar="WHAT", required=True)
     _register_env(cluster)
     _register_job_steps(cluster)
     _register_staging(cluster)
@@ -38,8 +35,7 @@ def _register_job_steps(cluster: argparse._SubParsersAction) -> None:  # type: i
     e.add_argument("folder", type=Path)
     e.set_defaults(func=run_launch)
     a = cluster.add_parser("attempt", help="(batch scripts) begin or end an attempt of the job in FOLDER")
-    steps = a.add_subparsers(dest="attempt_command", metavar="begin|end")
-    steps.required = True
+    steps = a.add_subparsers(dest="attempt_command", metavar="begin|end", required=True)
     b = steps.add_parser("begin", help="record a new attempt and print its number")
     b.add_argument("folder", type=Path)
     b.set_defaults(func=run_attempt_begin)
@@ -57,7 +53,6 @@ def run_launch(args: argparse.Namespace) -> int:
 
 
 def run_attempt_begin(args: argparse.Namespace) -> int:
-    import sys
 
     from deskpod.cluster.attempts import BudgetSpent, begin
 
@@ -154,7 +149,7 @@ def _register_env(cluster: argparse._SubParsersAction) -> None:  # type: ignore[
 def run_env(args: argparse.Namespace) -> int:
     from deskpod.hardware.affinity import rank_affinity
 
-    topology = _topology(args.machine, args.topo)
+    topology = find_topology(args.machine, args.topo)
     devices = _device_list(args.devices) if args.devices is not None else None
     rank = rank_affinity(topology, args.local_rank, devices)
     if args.json:
@@ -167,27 +162,6 @@ def run_env(args: argparse.Namespace) -> int:
             quoted = f"'{value}'"  # NCCL_IB_HCA='=mlx5_0' reads better than NCCL_IB_HCA==mlx5_0 (same value)
         print(f"export {name}={quoted}")
     return 0
-
-
-def _topology(machine: str | None, topo_file: str | None) -> Topology:
-    """The topology asked for: a catalog machine, an nvidia-smi file, or this box (as `deskpod topo` finds it)."""
-    if machine:
-        from deskpod.hardware.catalog import find_machine
-
-        return find_machine(machine).topology()
-    if topo_file:
-        from pathlib import Path
-
-        from deskpod.hardware.topo_matrix import matrix_to_topology, read_topo_matrix
-
-        path = Path(topo_file)
-        matrix = read_topo_matrix(path)
-        for note in matrix.notes:
-            print(f"deskpod: warning: {note}", file=sys.stderr)
-        return matrix_to_topology(matrix, path.stem, source=f"file:{path}")
-    from deskpod.hardware.placement import local_topology
-
-    return local_topology()
 
 
 def _device_list(text: str) -> list[int]:

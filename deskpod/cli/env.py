@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("env", help="the cache of per-job software environments: list, show, remove, prune, build")
-    env = p.add_subparsers(dest="env_command", metavar="WHAT")
-    env.required = True
+    env = p.add_subparsers(dest="env_command", metavar="WHAT", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
         q: argparse.ArgumentParser = env.add_parser(name, help=help_text)

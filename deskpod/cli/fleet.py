@@ -22,8 +22,7 @@ from deskpod.cli.stack import register_stack
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("fleet", help="many pods as one: a pod service whose jobs go to member pods")
     p.set_defaults(extra=("fleet", "deskpod fleet"))
-    fs = p.add_subparsers(dest="fleet_command", metavar="ACTION")
-    fs.required = True
+    fs = p.add_subparsers(dest="fleet_command", metavar="ACTION", required=True)
 
     q = fs.add_parser("up", help="start the fleet service (its own home, users, tokens, queue, API, dashboard)")
     q.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")

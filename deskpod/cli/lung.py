@@ -29,8 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Lung-nodule analysis on chest CT. Decision support, not a medical device.",
     )
     p.set_defaults(extra=("lung", p.prog))
-    lung = p.add_subparsers(dest="lung_command", metavar="WHAT")
-    lung.required = True
+    lung = p.add_subparsers(dest="lung_command", metavar="WHAT", required=True)
     _register_evaluate(lung)
     _register_analyze(lung)
     _register_phantom(lung)

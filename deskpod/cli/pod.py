@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,54 +100,41 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("command", nargs=argparse.REMAINDER, help="FILE.toml|FILE.json, or -- ARGV...")
     p.set_defaults(func=submit)
 
-    p = sub.add_parser("jobs", help="list your jobs (every job for an admin)")
-    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
-    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
+    def on_jobs(name: str, help_text: str, func: Callable[[argparse.Namespace], int], *, cluster: bool = True,
+                job: bool = True) -> argparse.ArgumentParser:  # fmt: skip
+        """A command on the pod's jobs, or a fleet's (``--fleet``), or Slurm's (``--cluster``); ``job``: of one."""
+        q: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
+        q.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
+        if cluster:
+            q.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
+        if job:
+            q.add_argument("id")
+        q.set_defaults(func=func)
+        return q
+
+    p = on_jobs("jobs", "list your jobs (every job for an admin)", jobs, job=False)
     p.add_argument("--state", help="only jobs in this state")
     p.add_argument("--user", help="only this user's jobs (admins)")
     p.add_argument("--name", help="only jobs whose name contains this")
     p.add_argument("--limit", type=int, default=1000, help="at most this many, newest first (default 1000)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=jobs)
-
-    p = sub.add_parser("show", help="one job: its spec, state, devices and history")
-    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
-    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
-    p.add_argument("id")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=show)
-
-    p = sub.add_parser("logs", help="a job's output")
-    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
-    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
-    p.add_argument("id")
+    on_jobs("show", "one job: its spec, state, devices and history", show).add_argument("--json", action="store_true")
+    p = on_jobs("logs", "a job's output", logs)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
-    p.set_defaults(func=logs)
-
-    p = sub.add_parser("cancel", help="cancel a queued job or stop a running one")
-    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
-    p.add_argument("--cluster", choices=("slurm",), help="a job submitted with deskpod submit --cluster slurm")
-    p.add_argument("id")
-    p.set_defaults(func=cancel)
-
-    p = sub.add_parser("requeue", help="run a cancelled, failed or lost job again (a running one is stopped first)")
-    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
-    p.add_argument("id")
-    p.set_defaults(func=requeue)
+    on_jobs("cancel", "cancel a queued job or stop a running one", cancel)
+    on_jobs("requeue", "run a cancelled, failed or lost job again (a running one is stopped first)", requeue,
+            cluster=False)  # fmt: skip
 
     p = sub.add_parser("extend", help="give a queued or running session more time (never past the pod's longest)")
     p.add_argument("id")
     p.add_argument("--time", required=True, help="how much more, e.g. 2h or 30m")
     p.set_defaults(func=extend)
 
-    p = sub.add_parser("status", help="each device: free, or which job and user holds it")
-    p.add_argument("--fleet", metavar="URL", help="a fleet's URL (deskpod fleet up) instead of the pod's")
+    p = on_jobs("status", "each device: free, or which job and user holds it", status, cluster=False, job=False)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=status)
 
     p = sub.add_parser("user", help="pod service users and tokens")
-    us = p.add_subparsers(dest="user_command", metavar="ACTION")
-    us.required = True
+    us = p.add_subparsers(dest="user_command", metavar="ACTION", required=True)
     q = us.add_parser("add", help="create a user and print its token (admin only)")
     q.add_argument("name")
     q.add_argument("--admin", action="store_true")
@@ -196,7 +184,7 @@ def fleet_client(args: argparse.Namespace) -> Any:
 
 def up(args: argparse.Namespace) -> int:
     from deskpod.environment import Environment
-    from deskpod.environment.sizes import parse_duration
+    from deskpod.environment.sizes import parse_duration, parse_size
     from deskpod.envs.limits import LimitSettings, parse_job_memory, parse_job_tasks
     from deskpod.jobs.pod import PodConfig
 
@@ -217,7 +205,7 @@ def up(args: argparse.Namespace) -> int:
         allow_unsandboxed=args.allow_unsandboxed,
         unmapped_user=args.unmapped_user or None,
         env_cache=args.env_cache.expanduser().resolve() if args.env_cache else None,
-        env_cache_limit=_size(args.env_cache_limit),
+        env_cache_limit=None if args.env_cache_limit is None else parse_size(args.env_cache_limit),
         limits=LimitSettings(
             job_memory=parse_job_memory(args.job_memory),
             job_tasks=parse_job_tasks(args.job_tasks),
@@ -356,15 +344,6 @@ def environment_from_flags(spec: dict[str, Any], requirements: Path | None, pack
         if python:
             table["python"] = python
         spec["environment"] = parse_environment(table, base_dir=Path.cwd()).to_json()
-
-
-def _size(text: str | None) -> int | None:
-    """``50G``, ``500M``: bytes; None for None."""
-    if text is None:
-        return None
-    from deskpod.environment.sizes import parse_size
-
-    return parse_size(text)
 
 
 def submit(args: argparse.Namespace) -> int:

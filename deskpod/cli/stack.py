@@ -27,8 +27,7 @@ POLL_S = 1.0
 def register_stack(fleet: argparse._SubParsersAction, client: Callable[[argparse.Namespace], Any]) -> None:  # type: ignore[type-arg]
     """Add ``stack`` and its commands under ``deskpod fleet``; ``client(args)`` is the fleet's pod client."""
     p = fleet.add_parser("stack", help="the fleet's stacks: publish, rollout, status")
-    stack = p.add_subparsers(dest="stack_command", metavar="WHAT")
-    stack.required = True
+    stack = p.add_subparsers(dest="stack_command", metavar="WHAT", required=True)
     q = stack.add_parser("publish", help="publish a stack's next version (it must parse and resolve)")
     q.add_argument("name", metavar="NAME", help="the stack, e.g. pytorch-2.14")
     q.add_argument("file", type=Path, metavar="FILE", help="a uv.lock (with pyproject.toml beside it), a"

@@ -13,6 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deskpod.hardware.topology import Topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -31,30 +35,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+def find_topology(machine: str | None, topo_file: str | None, *, gpu: str | None = None) -> Topology:
+    """The topology asked for: a catalog machine, an nvidia-smi file (its GPUs' generation ``gpu``, for their
+    bandwidths), or this box (``deskpod topo``, ``deskpod cluster env``)."""
+    if machine:
+        from deskpod.hardware.catalog import find_machine
+
+        return find_machine(machine).topology()
+    if topo_file:
+        from pathlib import Path
+
+        from deskpod.hardware.topo_matrix import matrix_to_topology, read_topo_matrix
+
+        path = Path(topo_file)
+        matrix = read_topo_matrix(path)
+        for note in matrix.notes:
+            print(f"deskpod: warning: {note}", file=sys.stderr)
+        return matrix_to_topology(matrix, path.stem, gpu=gpu, source=f"file:{path}")
+    from deskpod.hardware.placement import local_topology
+
+    return local_topology()
+
+
 def run(args: argparse.Namespace) -> int:
     from deskpod.errors import UsageError
-    from deskpod.hardware.catalog import find_machine, machines
+    from deskpod.hardware.catalog import machines
 
     if args.list:
         return _list(args.json, machines())
     if args.gpu and not args.from_file:
         raise UsageError("--gpu applies to --from FILE only (catalog machines and this box know their GPUs)")
-    if args.machine:
-        topology = find_machine(args.machine).topology()
-    elif args.from_file:
-        from pathlib import Path
-
-        from deskpod.hardware.topo_matrix import matrix_to_topology, read_topo_matrix
-
-        path = Path(args.from_file)
-        matrix = read_topo_matrix(path)
-        for note in matrix.notes:
-            print(f"deskpod: warning: {note}", file=sys.stderr)
-        topology = matrix_to_topology(matrix, path.stem, gpu=args.gpu, source=f"file:{path}")
-    else:
-        from deskpod.hardware.placement import local_topology
-
-        topology = local_topology()
+    topology = find_topology(args.machine, args.from_file, gpu=args.gpu)
     if args.place is not None:
         return _place(args, topology)
     if args.free is not None or args.policy != "best":
@@ -89,12 +100,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _place(args: argparse.Namespace, topology: object) -> int:
+def _place(args: argparse.Namespace, topology: Topology) -> int:
     from deskpod.errors import UsageError
     from deskpod.hardware.placement import Placement, place
-    from deskpod.hardware.topology import Topology
 
-    assert isinstance(topology, Topology)
     n = topology.device_count
     if args.free is None:
         free = list(range(n))

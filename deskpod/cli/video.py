@@ -39,8 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "and search it for a face by photo.",
     )
     p.set_defaults(extra=("video", p.prog))
-    video = p.add_subparsers(dest="video_command", metavar="WHAT")
-    video.required = True
+    video = p.add_subparsers(dest="video_command", metavar="WHAT", required=True)
 
     i = video.add_parser(
         "index",

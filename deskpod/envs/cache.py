@@ -60,8 +60,9 @@ import shutil
 import stat
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -156,8 +157,8 @@ class BuiltEnv:
         return [self.folder / n for n in names if _is_file_beneath(self.folder, n)]
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "path": str(self.path), "python": str(self.python), "bin_dir": str(self.bin_dir),
-                "built": self.built, "seconds": round(self.seconds, 3), "freeze": str(self.freeze)}  # fmt: skip
+        paths = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        return {**paths, "seconds": round(self.seconds, 3)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,10 +183,7 @@ class EnvEntry:
     run as the daemon's account)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "account": self.account, "folder": str(self.folder), "kind": self.kind,
-                "summary": self.summary, "python": self.python, "size_bytes": self.size_bytes,
-                "created": self.created, "last_used": self.last_used, "state": self.state,
-                "in_use": self.in_use}  # fmt: skip
+        return {**asdict(self), "folder": str(self.folder)}
 
 
 class EnvCache:
@@ -748,12 +746,8 @@ class EnvCache:
         whose lock is held. Returns what was removed (or, with ``dry_run``, what would be)."""
         found = [(tree, name, _inodes(tree.root, name)) for tree in self.trees() for name in tree._names()]
         entries = [(tree, tree._entry(name, inodes), inodes) for tree, name, inodes in found]
-        links: dict[tuple[int, int], int] = {}
-        sizes: dict[tuple[int, int], int] = {}
-        for _, _, table in found:
-            for ino, size in table.items():
-                links[ino] = links.get(ino, 0) + 1
-                sizes[ino] = size
+        links = Counter(ino for _, _, table in found for ino in table)  # how many of the folders hold each inode
+        sizes = {ino: size for _, _, table in found for ino, size in table.items()}
         total = sum(sizes.values())
         broken = [x for x in entries if x[1].state == "broken"]
         ready = sorted(

@@ -108,33 +108,19 @@ class EnvDefinition:
     @property
     def kind(self) -> str:
         """``packages``, ``requirements``, ``lock``, ``pyproject`` or ``image``."""
-        if self.image is not None:
-            return "image"
-        if self.lock is not None:
-            return "lock"
-        if self.requirements is not None:
-            return "requirements"
-        if self.pyproject is not None:
-            return "pyproject"
-        return "packages"
+        return next(
+            (k for k in ("image", "lock", "requirements", "pyproject") if getattr(self, k) is not None), "packages"
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The canonical stored form; `parse_environment` takes it back unchanged (with or without ``base_dir``)."""
-        out: dict[str, Any] = {}
-        if self.python is not None:
-            out["python"] = self.python
-        if self.image is not None:
-            out["image"] = self.image
-        elif self.lock is not None:
-            out["lock"] = self.lock.to_json()
-            assert self.pyproject is not None
-            out["pyproject"] = self.pyproject.to_json()
-        elif self.requirements is not None:
-            out["requirements"] = self.requirements.to_json()
-        elif self.pyproject is not None:
-            out["pyproject"] = self.pyproject.to_json()
-        else:
-            out["packages"] = list(self.packages)
+        out: dict[str, Any] = {} if self.python is None else {"python": self.python}
+        if self.kind in ("image", "packages"):
+            out[self.kind] = self.image if self.kind == "image" else list(self.packages)
+        for name in FILE_FIELDS:  # a lock's pyproject comes with it
+            file: EnvFile | None = getattr(self, name)
+            if file is not None:
+                out[name] = file.to_json()
         return out
 
     def summary(self) -> str:

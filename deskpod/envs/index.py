@@ -27,7 +27,7 @@ import configparser
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -68,9 +68,7 @@ class PackageSources:
         return ["--no-index"] if self.no_index else []
 
     def to_json(self) -> dict[str, object]:
-        return {"index_url": self.index_url, "extra_index_urls": list(self.extra_index_urls),
-                "find_links": list(self.find_links), "no_index": self.no_index,
-                "trusted_hosts": list(self.trusted_hosts), "files": list(self.files)}  # fmt: skip
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
 def pip_config_files(environ: Mapping[str, str] | None = None, prefix: str | None = None) -> list[Path]:

@@ -22,7 +22,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -58,8 +58,7 @@ class Interpreter:
         return ".".join(self.version.split(".")[:2])
 
     def to_json(self) -> dict[str, str]:
-        return {"path": str(self.path), "version": self.version, "platform": self.platform,
-                "implementation": self.implementation}  # fmt: skip
+        return {**asdict(self), "path": str(self.path)}
 
 
 def candidate_paths(environ: dict[str, str] | None = None) -> list[Path]:

@@ -308,9 +308,8 @@ def create_app(
         "/v1/jobs/{job_id}/extend",
         tags=["jobs"],
         responses=errors(400, 403, 404, 409, 413, s409="beyond the pod's longest session, not a session, or ended"),
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-            "type": "object", "additionalProperties": False, "required": ["seconds"], "properties": {
-                "seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S}}}}}}},
+        openapi_extra=body_doc({"seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RUNTIME_S}},
+                               required=["seconds"]),
     )  # fmt: skip
     async def extend_time(job_id: str, request: Request, user: Caller) -> dict[str, Any]:
         """Give a queued or running session (notebook, shell, tensorboard) ``seconds`` more, never past the pod's
@@ -362,22 +361,6 @@ def create_app(
         text = metrics.render(pod.status(), store.counts(), store.durations())
         return Response(content=text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    user_schema = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["name"],
-        "properties": {
-            "name": {"type": "string", "pattern": auth.USER_RE.pattern},
-            "admin": {"type": "boolean"},
-            "os_user": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 64,
-                "description": "the OS account the user's jobs run as (a root pod)",
-            },
-        },
-    }
-
     @app.post(
         "/v1/users",
         status_code=201,
@@ -386,8 +369,11 @@ def create_app(
             201: {"description": "the user and its first token", "links": links("name", "name", USER_OPERATIONS)},
             **errors(400, 403, 409, 413, s409="the user exists already, or `os_user` names no account of this box"),
         },
-        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": user_schema}}}},
-    )
+        openapi_extra=body_doc({
+            "name": {"type": "string", "pattern": auth.USER_RE.pattern}, "admin": {"type": "boolean"},
+            "os_user": {"type": "string", "minLength": 1, "maxLength": 64,
+                        "description": "the OS account the user's jobs run as (a root pod)"}}, required=["name"]),
+    )  # fmt: skip
     async def add_user(request: Request, user: Caller) -> dict[str, Any]:
         """Create a user and its first token (admin only); the token is shown only here."""
         auth.require_admin(user)
@@ -439,9 +425,8 @@ def create_app(
         status_code=202,
         tags=["service"],
         responses=errors(400, 403, 413),
-        openapi_extra={"requestBody": {"required": False, "content": {"application/json": {"schema": {
-            "type": "object", "additionalProperties": False, "properties": {"stop_jobs": {"type": "boolean"}}}}}}},
-    )  # fmt: skip
+        openapi_extra=body_doc({"stop_jobs": {"type": "boolean"}}, optional=True),
+    )
     async def shutdown(request: Request, user: Caller) -> dict[str, Any]:
         """Stop the daemon (admin only). ``{"stop_jobs": true}`` also stops and requeues running jobs."""
         auth.require_admin(user)
@@ -488,37 +473,26 @@ async def json_body(request: Request, empty: Any = None) -> Any:
     return parse_json(body) if body else empty
 
 
+def body_doc(properties: dict[str, Any], *, required: Sequence[str] = (), optional: bool = False) -> dict[str, Any]:
+    """The ``openapi_extra`` of an operation whose body is a JSON object of ``properties`` and no other field
+    (`body_object` checks it), ``required`` among them; ``optional``: the body may be left out."""
+    schema = {"type": "object", "additionalProperties": False, **({"required": list(required)} if required else {}),
+              "properties": properties}  # fmt: skip
+    return {"requestBody": {"required": not optional, "content": {"application/json": {"schema": schema}}}}
+
+
 def held_jobs_body(field: str, low: float, high: float) -> dict[str, Any]:
     """The OpenAPI body of a fleet's request about the jobs it holds here: ``jobs`` and seconds in ``field``."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-        "type": "object", "additionalProperties": False, "required": ["jobs", field], "properties": {
-            "jobs": {"type": "array", "maxItems": 100000, "items": {"type": "string", "maxLength": 20}},
-            field: {"type": "number", "minimum": low, "maximum": high}}}}}}}  # fmt: skip
+    return body_doc({"jobs": {"type": "array", "maxItems": 100000, "items": {"type": "string", "maxLength": 20}},
+                     field: {"type": "number", "minimum": low, "maximum": high}}, required=["jobs", field])  # fmt: skip
 
 
 KEY_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
 """A forward's idempotency key (``POST /v1/jobs?key=``, ``POST /v1/leases/lookup``)."""
-KEYS_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["keys"],
-                    "properties": {
-                        "keys": {
-                            "type": "array",
-                            "maxItems": 10000,
-                            "items": {"type": "string", "pattern": KEY_PATTERN.pattern},
-                        }
-                    },
-                }
-            }
-        },
-    }
-}
+KEYS_BODY = body_doc(
+    {"keys": {"type": "array", "maxItems": 10000, "items": {"type": "string", "pattern": KEY_PATTERN.pattern}}},
+    required=["keys"],
+)
 """The OpenAPI body of ``POST /v1/leases/lookup``."""
 
 

@@ -265,7 +265,6 @@ def serve(
     pod.start()
 
     stop_jobs = [False]
-    servers: list[uvicorn.Server] = []
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:  # SIGTERM/SIGINT: live streams end too
@@ -275,7 +274,7 @@ def serve(
     def on_shutdown(also_jobs: bool) -> None:
         stop_jobs[0] = also_jobs
         pod.stopping.set()
-        servers[0].should_exit = True
+        server.should_exit = True
 
     app = create_app(pod, on_shutdown=on_shutdown, extensions=extensions)
     # Live streams watch pod.stopping and end within a second; the timeout is the backstop.
@@ -290,7 +289,6 @@ def serve(
             ws_per_message_deflate=False,  # a session's messages are relayed as they come (its server compresses none)
         )
     )
-    servers.append(server)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     info = home / "daemon.json"
     info.write_text(json.dumps({"url": url, "socket": str(unix_path), "pid": os.getpid()}))

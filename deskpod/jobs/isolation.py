@@ -126,24 +126,16 @@ class Isolation:
         who = self.account(user) or self._daemon()
         if spec.workdir is not None:
             os.close(open_as(who, Path(spec.workdir), _WORKDIR))
-        if spec.serve is not None:
-            run = Path(spec.serve["run"])
-            fd = self.open_run(who, run)
-            try:
-                ready = _has_checkpoint(fd)
-            finally:
+        binds = self.spec_binds(who, spec)
+        try:
+            if spec.serve is not None and not _has_checkpoint(binds[0][0]):
+                raise ConflictError(f"job spec: serve.run {str(Path(spec.serve['run']))!r} has no checkpoint yet; "
+                                    "train it first (or wait for one)")  # fmt: skip
+        finally:
+            for fd, _, _ in binds:
                 os.close(fd)
-            if not ready:
-                raise ConflictError(
-                    f"job spec: serve.run {str(run)!r} has no checkpoint yet; train it first (or wait for one)"
-                )
         if spec.video is not None:
-            for fd, _, _ in self.video_binds(who, spec.video):
-                os.close(fd)
             video_kind.check_models(spec.video)  # folders the account could open: is each a detector that fits?
-        if spec.tensorboard is not None:
-            for fd, _, _ in self.run_binds(who, spec.tensorboard["runs"]):
-                os.close(fd)
 
     def account(self, user: User | None) -> Account | None:
         """The account the job runs as, when it is not the daemon's own."""
@@ -151,10 +143,6 @@ class Isolation:
             return None
         account = self.accounts.account_for(user)
         return None if account.uid == self.accounts.daemon.uid else account
-
-    def open_run(self, account: Account, run: Path) -> int:
-        """A descriptor of a training run to serve, opened as ``account`` may (`open_folder`)."""
-        return self.open_folder(account, run, _SERVE_RUN)
 
     def open_folder(self, account: Account, path: Path, message: str) -> int:
         """A descriptor of the folder ``path`` (a run to serve, a video job's database folder), opened as
@@ -239,18 +227,9 @@ class Isolation:
             real = Path(os.readlink(f"/proc/self/fd/{fd}"))
             binds.append((fd, real, True))
             plan["cwd"] = str(real)
-        if spec.serve is not None:
-            fd = self.open_run(who, Path(spec.serve["run"]))
-            fds.append(fd)
-            binds.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
-        if spec.video is not None:
-            for bind in self.video_binds(who, spec.video):
-                fds.append(bind[0])
-                binds.append(bind)
-        if spec.tensorboard is not None:
-            for bind in self.run_binds(who, spec.tensorboard["runs"]):
-                fds.append(bind[0])
-                binds.append(bind)
+        outside = self.spec_binds(who, spec)
+        fds.extend(fd for fd, _, _ in outside)
+        binds.extend(outside)
         building = False
         defn = spec.environment
         venv = defn if defn is not None and defn.kind != "image" else None  # an environment the cache builds
@@ -321,43 +300,34 @@ class Isolation:
             notes.append(f"as {account.name} (uid {account.uid})")
         return Prepared(argv, plan, options, owner, building, notes, tuple(fds))
 
-    def video_binds(self, account: Account, video: Mapping[str, Any]) -> list[tuple[int, Path, bool]]:
-        """What a video job reads and writes outside its folder, opened as ``account``, as sandbox binds ``(fd,
-        where, writable)``: each local source (a file or a folder of videos), each face rule's photo and each detector's
-        model folder read-only
-        (`open_as`), and the
-        database's folder writable when the spec names one (`open_folder`). `ConflictError` naming the first that
-        the account cannot open."""
+    def spec_binds(self, account: Account, spec: JobSpec) -> list[tuple[int, Path, bool]]:
+        """What the job of ``spec`` reads and writes outside its folder, opened as ``account`` may, as sandbox binds
+        ``(fd, where, writable)``: the run a serve job serves (`open_folder`); a video job's local sources (files or
+        folders of videos), face rules' photos and detectors' model folders (`open_as`), read-only, and its
+        database's folder writable when the spec names one (`open_folder`); the runs a TensorBoard job reads
+        (`open_folder`: a run in one of the pod's job folders through the pod). `ConflictError` naming the first
+        that the account cannot open."""
         out: list[tuple[int, Path, bool]] = []
-        try:
-            for path in video_kind.local_sources(video):
-                fd = open_as(account, path, _VIDEO_SOURCE, directory=False)
-                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
-            for path in video_kind.local_photos(video):
-                fd = open_as(account, path, _VIDEO_PHOTO, directory=False)
-                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
-            for ref in video_kind.model_detectors(video):
-                fd = open_as(account, ref.folder, _VIDEO_MODEL)
-                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
-            if "db" in video:
-                shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # the message is formatted
-                fd = self.open_folder(account, Path(video["db"]).parent, _VIDEO_DB.replace("{db!r}", shown))
-                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), True))
-        except BaseException:
-            for fd, _, _ in out:
-                os.close(fd)
-            raise
-        return out
 
-    def run_binds(self, account: Account, runs: Sequence[str]) -> list[tuple[int, Path, bool]]:
-        """The runs a TensorBoard job reads, each opened as ``account`` may (`open_folder`: a run in one of the
-        pod's job folders through the pod), as read-only sandbox binds ``(fd, where, False)``. `ConflictError`
-        naming the first that the account cannot open."""
-        out: list[tuple[int, Path, bool]] = []
+        def bind(fd: int, writable: bool = False) -> None:
+            out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), writable))
+
         try:
-            for run in runs:
-                fd = self.open_folder(account, Path(run), _TENSORBOARD_RUN)
-                out.append((fd, Path(os.readlink(f"/proc/self/fd/{fd}")), False))
+            if spec.serve is not None:
+                bind(self.open_folder(account, Path(spec.serve["run"]), _SERVE_RUN))
+            if (video := spec.video) is not None:
+                for path in video_kind.local_sources(video):
+                    bind(open_as(account, path, _VIDEO_SOURCE, directory=False))
+                for path in video_kind.local_photos(video):
+                    bind(open_as(account, path, _VIDEO_PHOTO, directory=False))
+                for ref in video_kind.model_detectors(video):
+                    bind(open_as(account, ref.folder, _VIDEO_MODEL))
+                if "db" in video:
+                    shown = repr(video["db"]).replace("{", "{{").replace("}", "}}")  # the message is formatted
+                    db = self.open_folder(account, Path(video["db"]).parent, _VIDEO_DB.replace("{db!r}", shown))
+                    bind(db, True)
+            for run in spec.tensorboard["runs"] if spec.tensorboard is not None else ():
+                bind(self.open_folder(account, Path(run), _TENSORBOARD_RUN))
         except BaseException:
             for fd, _, _ in out:
                 os.close(fd)

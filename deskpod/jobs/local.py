@@ -72,12 +72,9 @@ class LocalExecutor:
     # Executor ------------------------------------------------------------------------------------
     def check(self, spec: JobSpec, user: User) -> int:
         """Refuse valid specs that this box cannot take: a conflict with its state (409), not bad input."""
-        if spec.serve is not None:
-            require_extra("serve", "job spec: a serve job", ConflictError)
-        if spec.video is not None:
-            require_extra("video", "job spec: a video job", ConflictError)
-        if spec.notebook is not None or spec.shell is not None:
-            require_extra("sessions", f"job spec: a {spec.kind} job", ConflictError)
+        extra = {"serve": "serve", "video": "video", "notebook": "sessions", "shell": "sessions"}.get(spec.kind)
+        if extra is not None:
+            require_extra(extra, f"job spec: a {spec.kind} job", ConflictError)
         if spec.nodes > 1:
             raise ConflictError(
                 f"job spec: nodes = {spec.nodes} needs a cluster: this pod runs jobs on one box; start it with "

@@ -178,20 +178,11 @@ class JobSpec:
             "retries": self.retries,
             "env": dict(self.env),
         }
-        if self.max_runtime is not None:
-            out["max_runtime"] = self.max_runtime
-        if self.workdir is not None:
-            out["workdir"] = self.workdir
-        if self.nodes != 1:
-            out["nodes"] = self.nodes
-        if self.device_kind is not None:
-            out["device_kind"] = self.device_kind
-        if self.slurm:
-            out["slurm"] = dict(self.slurm)
-        if self.environment is not None:
-            out["environment"] = self.environment.to_json()
-        if self.stack is not None:
-            out["stack"] = self.stack
+        environment = None if self.environment is None else self.environment.to_json()
+        unless_unset = {"max_runtime": self.max_runtime, "workdir": self.workdir,
+                        "nodes": self.nodes if self.nodes != 1 else None, "device_kind": self.device_kind,
+                        "slurm": dict(self.slurm) or None, "environment": environment, "stack": self.stack}  # fmt: skip
+        out.update((k, v) for k, v in unless_unset.items() if v is not None)
         out[self.kind] = list(self.command) if self.kind == "command" else dict(self.what)
         return out
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -209,9 +210,7 @@ def _folder_counts(root: Path, names: Sequence[str]) -> tuple[list[dict[str, Any
                 for i, n in enumerate(names)]  # fmt: skip
         return rows, "no train/ and val/ folders: a random tenth of the images is held out for validation"
     val_classes, val = scan_classes(val_root)
-    val_by_name: dict[str, int] = {}
-    for _, c in val:
-        val_by_name[val_classes[c]] = val_by_name.get(val_classes[c], 0) + 1
+    val_by_name = Counter(val_classes[c] for _, c in val)
     rows = [{"index": i, "name": n, "train": per_class[i], "val": val_by_name.get(n, 0),
              "images": per_class[i] + val_by_name.get(n, 0)} for i, n in enumerate(names)]  # fmt: skip
     return rows, "validation images from val/, training images from train/"

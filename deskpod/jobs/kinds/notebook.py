@@ -125,9 +125,7 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.notebook JOB_FOLDER", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    too_long = None if os.environ.get(LISTEN_ENV) else socket_too_long(folder, "deskpod notebook")
-    if too_long is not None:
-        print(too_long, file=sys.stderr)
+    if not os.environ.get(LISTEN_ENV) and socket_too_long(folder, "deskpod notebook"):
         return 2
     jupyter = folder / "jupyter"
     write_kernel_spec(jupyter, kernel_python(os.environ))

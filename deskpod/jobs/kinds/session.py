@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import secrets
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,18 +68,6 @@ def listener_uid(sock: socket.socket) -> int:
     return int.from_bytes(raw[4:8], "little", signed=True)
 
 
-def check_socket_path(folder: Path) -> None:
-    """Refuse a job folder whose socket path the kernel cannot bind (`SOCKET_PATH_MAX`): one line naming it."""
-    from deskpod.errors import ConflictError
-
-    path = socket_path(folder)
-    if len(str(path).encode()) > SOCKET_PATH_MAX:
-        raise ConflictError(
-            f"a session's socket {str(path)!r} is longer than the {SOCKET_PATH_MAX} bytes a Unix socket allows; "
-            "start the pod with a shorter --home"
-        )
-
-
 def write_secret(folder: Path) -> str:
     """A new secret for the session of the job in ``folder`` (readable by the pod's account alone)."""
     from deskpod.environment.files import write_text
@@ -108,9 +97,11 @@ def read_endpoint(folder: Path) -> Endpoint | None:
     return Endpoint(host, port, secret)
 
 
-def socket_too_long(folder: Path, command: str) -> str | None:
-    """What a session's process says, and exits 2 on, when its socket's path is too long to bind; else None."""
+def socket_too_long(folder: Path, command: str) -> bool:
+    """Whether the socket's path of the session in ``folder`` is too long to bind; if so, ``command`` says so on
+    stderr (the session's process then exits 2)."""
     if len(str(socket_path(folder)).encode()) <= SOCKET_PATH_MAX:
-        return None
-    return (f"{command}: the session socket {socket_path(folder)} is longer than a Unix socket allows "
-            f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home")  # fmt: skip
+        return False
+    print(f"{command}: the session socket {socket_path(folder)} is longer than a Unix socket allows "
+          f"({SOCKET_PATH_MAX} bytes); start the pod with a shorter --home", file=sys.stderr)  # fmt: skip
+    return True

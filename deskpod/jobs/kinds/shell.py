@@ -142,9 +142,7 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.shell JOB_FOLDER", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    too_long = socket_too_long(folder, "deskpod shell")
-    if too_long is not None:
-        print(too_long, file=sys.stderr)
+    if socket_too_long(folder, "deskpod shell"):
         return 2
     return asyncio.run(serve(folder, login_shell()))
 

@@ -162,9 +162,7 @@ def main(args: Sequence[str]) -> int:
         print("usage: python -m deskpod.jobs.kinds.tensorboard JOB_FOLDER RUN...", file=sys.stderr)
         return 2
     folder = Path(args[0])
-    too_long = socket_too_long(folder, "deskpod tensorboard")
-    if too_long is not None:
-        print(too_long, file=sys.stderr)
+    if socket_too_long(folder, "deskpod tensorboard"):
         return 2
     missing = [r for r in args[1:] if not Path(r).is_dir()]
     if missing:
