@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from deskpod.cluster import slurm
+from deskpod.environment.files import Under
 from deskpod.envs.userfiles import read_path
 from deskpod.errors import ConfigError, DeviceError
 from deskpod.jobs.spec import SLURM_DEFAULTS, JobSpec, parse_spec, without_nulls
-from deskpod.train.runs import Under
 
 CHECKPOINT_SIGNAL = "USR2"
 """What Slurm sends before the time limit (``--signal=USR2@T``): deskpod's trainer checkpoints and exits

@@ -12,6 +12,9 @@ even after that pid was given to another process.
 A link at the target itself is replaced, never written through; links on the way to its folder are followed, as
 ``open(2)`` follows them. So the pod's daemon writes into a folder another user controls with
 `deskpod.envs.userfiles.write_no_follow` instead, which follows none.
+
+Also `Under`: the fixed files of a folder object (a run's ``config.toml``, a cluster job's ``job.json``) as
+attributes.
 """
 
 from __future__ import annotations
@@ -86,3 +89,14 @@ def leftovers(folder: Path, name: str = "*") -> list[Path]:
         if m and not alive(int(m["pid"]), int(m["start"])):
             found.append(p)
     return found
+
+
+class Under:
+    """A path under a folder object's ``base`` attribute, as a read-only attribute: ``config = Under("config.toml")``."""
+
+    def __init__(self, name: str, base: str = "root") -> None:
+        self.name, self.base = name, base
+
+    def __get__(self, obj: object, owner: type | None = None) -> Path:
+        folder: Path = getattr(obj, self.base)
+        return folder / self.name

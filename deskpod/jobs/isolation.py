@@ -128,7 +128,7 @@ class Isolation:
             os.close(open_as(who, Path(spec.workdir), _WORKDIR))
         binds = self.spec_binds(who, spec)
         try:
-            if spec.serve is not None and not _has_checkpoint(binds[0][0]):
+            if spec.serve is not None and not _has_checkpoint(binds[0][0]):  # a serve job's one bind: its run
                 raise ConflictError(f"job spec: serve.run {str(Path(spec.serve['run']))!r} has no checkpoint yet; "
                                     "train it first (or wait for one)")  # fmt: skip
         finally:

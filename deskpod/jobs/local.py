@@ -31,6 +31,7 @@ from deskpod.jobs.executor import DeviceStatus, ExecutorStatus, PodSide
 from deskpod.jobs.forecast import Forecast, forecast
 from deskpod.jobs.isolation import Isolation, Prepared, box_environment
 from deskpod.jobs.joblog import read_log
+from deskpod.jobs.kinds import KINDS
 from deskpod.jobs.pod import ACTIVE, PodConfig, build_error
 from deskpod.jobs.scheduler import Running, Waiting, WaitingCache, schedule
 from deskpod.jobs.spec import JobSpec
@@ -72,7 +73,7 @@ class LocalExecutor:
     # Executor ------------------------------------------------------------------------------------
     def check(self, spec: JobSpec, user: User) -> int:
         """Refuse valid specs that this box cannot take: a conflict with its state (409), not bad input."""
-        extra = {"serve": "serve", "video": "video", "notebook": "sessions", "shell": "sessions"}.get(spec.kind)
+        extra = KINDS[spec.kind].EXTRA
         if extra is not None:
             require_extra(extra, f"job spec: a {spec.kind} job", ConflictError)
         if spec.nodes > 1:

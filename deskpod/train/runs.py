@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from deskpod.environment.files import Under
 from deskpod.errors import UsageError
 
 NAME_MAX = 64
@@ -32,17 +33,6 @@ NAME_MAX = 64
 NAME_RE = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}$")
 """A run's or job's name: a folder name and a shell word as it is (no spaces, shell characters or '/')."""
 NAME_HELP = f"1-{NAME_MAX} letters, digits, '.', '_' or '-' starting with a letter or digit"
-
-
-class Under:
-    """A path under a folder object's ``base`` attribute, as a read-only attribute: ``config = Under("config.toml")``."""
-
-    def __init__(self, name: str, base: str = "root") -> None:
-        self.name, self.base = name, base
-
-    def __get__(self, obj: object, owner: type | None = None) -> Path:
-        folder: Path = getattr(obj, self.base)
-        return folder / self.name
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from deskpod.environment import Environment
-from deskpod.environment.files import write_json
+from deskpod.environment.files import Under, write_json
 from deskpod.errors import ConfigError, UsageError, WorkerError
 from deskpod.hardware.devices import Device, Inventory
 from deskpod.train.launcher import (
@@ -50,7 +50,7 @@ from deskpod.train.launcher import (
     resolve_devices,
     worker_env,
 )
-from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE, Under
+from deskpod.train.runs import NAME_HELP, NAME_MAX, NAME_RE
 from deskpod.train.world import NodeWorld, slurm_world
 
 RUN_FILE = "run.json"

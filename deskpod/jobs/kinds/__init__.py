@@ -36,6 +36,8 @@ class Kind(Protocol):
     """Whether it runs the user's own code, so that the spec's ``[environment]`` or ``stack`` applies."""
     SESSION: bool
     """Whether it is a session (see above): an HTTP server on its folder's socket, proxied by the pod."""
+    EXTRA: str | None
+    """The install extra its process needs on the box that runs it (``deskpod[serve]``, ...), or None: the core."""
 
     def parse(self, value: object) -> Any: ...
     def default_name(self, value: Any, fallback: str) -> str: ...

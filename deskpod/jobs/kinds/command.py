@@ -17,6 +17,7 @@ NO_NUL = "^[^\\u0000]*$"
 
 ENVIRONMENT = True
 SESSION = False
+EXTRA: str | None = None
 SCHEMA: dict[str, Any] = {
     "type": "array",
     "items": {"type": "string", "pattern": NO_NUL, "maxLength": MAX_ARG_CHARS},

@@ -45,6 +45,7 @@ from deskpod.jobs.kinds.session import (
 
 ENVIRONMENT = True
 SESSION = True
+EXTRA: str | None = "sessions"
 KERNELS = True
 """Its work runs in Jupyter kernels, which the pod may stop when idle to give the devices back (`deskpod.jobs.culler`)."""
 FIELDS: tuple[str, ...] = ()

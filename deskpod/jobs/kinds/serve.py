@@ -41,6 +41,7 @@ SOURCE_FILE = "source.json"
 
 ENVIRONMENT = False
 SESSION = False
+EXTRA: str | None = "serve"
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,

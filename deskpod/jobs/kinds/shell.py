@@ -32,6 +32,7 @@ from deskpod.jobs.kinds.session import base_path, socket_path, socket_too_long
 
 ENVIRONMENT = True
 SESSION = True
+EXTRA: str | None = "sessions"
 FIELDS: tuple[str, ...] = ()
 TERMINAL = "terminal"
 """The WebSocket's path under the session's base path."""

@@ -35,6 +35,7 @@ from deskpod.train.runs import NAME_MAX, RunPaths
 
 ENVIRONMENT = False
 SESSION = True
+EXTRA: str | None = None
 DEVICES = 0
 """The devices a TensorBoard job holds: none (it reads files)."""
 FIELDS = ("runs",)

@@ -33,6 +33,7 @@ def _toml_value(depth: int) -> dict[str, Any]:
 
 ENVIRONMENT = False
 SESSION = False
+EXTRA: str | None = None
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": _toml_value(3),

@@ -72,6 +72,7 @@ RULE_EXAMPLE = 'rules = [{kind = "enter", region = [[440, 280], [560, 280], [560
 
 ENVIRONMENT = False
 SESSION = False
+EXTRA: str | None = "video"
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
